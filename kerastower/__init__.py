@@ -1,0 +1,22 @@
+"""kerastower: train one Keras model on several devices, exactly."""
+
+from importlib.metadata import PackageNotFoundError, version
+
+from kerastower.devices import available_devices, configure_logical_devices
+from kerastower.model import TowerModel
+from kerastower.splitting import split_sizes
+from kerastower.strategy import TowerStrategy
+
+try:
+    __version__ = version("kerastower")
+except PackageNotFoundError:  # pragma: no cover - source tree without install
+    __version__ = "0.0.0"
+
+__all__ = [
+    "TowerModel",
+    "TowerStrategy",
+    "__version__",
+    "available_devices",
+    "configure_logical_devices",
+    "split_sizes",
+]

@@ -1,0 +1,149 @@
+"""Choosing the devices that towers run on."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import tensorflow as tf
+
+
+def configure_logical_devices(n: int, device_type: str = "CPU") -> list[str]:
+    """Splits the first physical CPU (or GPU) into ``n`` logical devices.
+
+    Must run before TensorFlow initialises its runtime (before the first op,
+    variable or model). Useful to test a multi-tower setup on a laptop: each
+    logical device becomes one tower.
+
+    Example:
+
+    ```python
+    import kerastower
+    kerastower.configure_logical_devices(4)   # before any TensorFlow work
+    ```
+
+    Args:
+        n: How many logical devices to create, an integer >= 1.
+        device_type: ``"CPU"`` or ``"GPU"``. Defaults to ``"CPU"``.
+
+    Returns:
+        The names of the logical devices of that type, e.g.
+        ``["/device:CPU:0", ..., "/device:CPU:3"]``.
+
+    Raises:
+        ValueError: If ``n`` is not an integer >= 1, ``device_type`` is unknown,
+            there is no physical device of that type, or the runtime is
+            already initialised with a different number of logical devices.
+    """
+    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+        raise ValueError(f"`n` must be an integer >= 1. Received: n={n!r}")
+    if device_type not in ("CPU", "GPU"):
+        raise ValueError(
+            "`device_type` must be 'CPU' or 'GPU'. "
+            f"Received: device_type={device_type!r}"
+        )
+    physical = tf.config.list_physical_devices(device_type)
+    if not physical:
+        raise ValueError(
+            f"There is no physical {device_type} to split. "
+            f"Received: device_type={device_type!r}"
+        )
+    config = (
+        [tf.config.LogicalDeviceConfiguration() for _ in range(n)]
+        if device_type == "CPU"
+        else [tf.config.LogicalDeviceConfiguration(memory_limit=1024)] * n
+    )
+    try:
+        tf.config.set_logical_device_configuration(physical[0], config)
+    except RuntimeError as error:
+        existing = tf.config.list_logical_devices(device_type)
+        if len(existing) == n:
+            return [d.name for d in existing]
+        raise ValueError(
+            f"Cannot configure {n} logical {device_type} devices: the "
+            "TensorFlow runtime is already initialised with "
+            f"{len(existing)} ({', '.join(d.name for d in existing)}). Call "
+            "`configure_logical_devices` before any TensorFlow operation. "
+            f"Received: n={n}"
+        ) from error
+    return [d.name for d in tf.config.list_logical_devices(device_type)]
+
+
+def available_devices() -> list[str]:
+    """Returns the devices towers can use: all GPUs, else all CPUs.
+
+    Returns:
+        Logical device names, GPUs if any is visible, otherwise the logical
+        CPUs.
+    """
+    gpus = tf.config.list_logical_devices("GPU")
+    if gpus:
+        return [d.name for d in gpus]
+    return [d.name for d in tf.config.list_logical_devices("CPU")]
+
+
+def _canonical(name: str) -> str:
+    return tf.DeviceSpec.from_string(name).to_string()
+
+
+def resolve_towers(towers: int | Sequence[str] | None) -> list[str]:
+    """Turns the `towers` argument of `TowerModel` into device names.
+
+    Args:
+        towers: ``None`` for every available device (all GPUs, or all logical
+            CPUs when there is no GPU); an integer ``n >= 1`` for the first
+            ``n`` of them; or a list of device names.
+
+    Returns:
+        The list of device names, one per tower.
+
+    Raises:
+        ValueError: If `towers` is not one of the above, asks for more devices
+            than are available, or names a device that does not exist.
+    """
+    available = available_devices()
+    if towers is None:
+        return available
+    if isinstance(towers, bool) or isinstance(towers, (float, str, bytes)):
+        raise ValueError(
+            "`towers` must be None, an integer >= 1 or a list of device "
+            f"names. Received: towers={towers!r}"
+        )
+    if isinstance(towers, int):
+        if towers < 1:
+            raise ValueError(
+                f"`towers` must be an integer >= 1. Received: towers={towers}"
+            )
+        if towers > len(available):
+            raise ValueError(
+                f"`towers` must be at most the number of available devices "
+                f"({len(available)}: {', '.join(available)}). "
+                f"Received: towers={towers}"
+            )
+        return available[:towers]
+    if isinstance(towers, Sequence):
+        names = list(towers)
+        if not names or not all(isinstance(n, str) for n in names):
+            raise ValueError(
+                "`towers` as a list must hold one or more device names. "
+                f"Received: towers={towers!r}"
+            )
+        known = {_canonical(d.name): d.name for d in tf.config.list_logical_devices()}
+        resolved = []
+        for name in names:
+            canonical = _canonical(name if "/" in name else f"/device:{name}")
+            if canonical not in known:
+                raise ValueError(
+                    f"`towers` names a device that does not exist: {name!r}. "
+                    f"Available: {', '.join(known.values())}. "
+                    f"Received: towers={towers!r}"
+                )
+            resolved.append(known[canonical])
+        if len(set(resolved)) != len(resolved):
+            raise ValueError(
+                f"`towers` must not name a device twice. Received: towers={towers!r}"
+            )
+        return resolved
+    raise ValueError(
+        "`towers` must be None, an integer >= 1 or a list of device names. "
+        f"Received: towers={towers!r}"
+    )

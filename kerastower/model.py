@@ -1,0 +1,400 @@
+"""`TowerModel`: a `keras.Model` whose steps split each batch over towers."""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import warnings
+from collections.abc import Sequence
+from typing import Any
+
+import keras
+import tensorflow as tf
+from keras.src.trainers.data_adapters import data_adapter_utils
+
+from kerastower import devices as devices_lib
+from kerastower.splitting import tensor_split_sizes
+from kerastower.strategy import TowerStrategy
+
+
+def _first_leaf(structure: Any) -> tf.Tensor:
+    return next(t for t in tf.nest.flatten(structure) if t is not None)
+
+
+def _split(structure: Any, sizes: tf.Tensor, towers: int) -> list[Any]:
+    """Cuts every batched leaf of `structure` into `towers` contiguous shards."""
+    flat = tf.nest.flatten(structure)
+    pieces = [
+        [None] * towers if t is None else tf.split(t, sizes, num=towers, axis=0)
+        for t in flat
+    ]
+    return [
+        tf.nest.pack_sequence_as(structure, [p[i] for p in pieces])
+        for i in range(towers)
+    ]
+
+
+def _concat(per_tower: Sequence[Any]) -> Any:
+    return tf.nest.map_structure(
+        lambda *shards: tf.concat(shards, axis=0), *per_tower
+    )
+
+
+def _sum_gradients(per_tower: Sequence[Any]) -> Any:
+    if isinstance(per_tower[0], tf.IndexedSlices):
+        return tf.IndexedSlices(
+            tf.concat([g.values for g in per_tower], axis=0),
+            tf.concat([g.indices for g in per_tower], axis=0),
+            per_tower[0].dense_shape,
+        )
+    return tf.add_n(list(per_tower))
+
+
+class _LossMetricRecorder:
+    """Stands in for a per-output loss metric while towers trace.
+
+    Keras updates one `Mean` per output inside `compute_loss`; inside towers
+    that would add one entry per tower. The recorder keeps each tower's value
+    so that `TowerModel` can update the real metric once with the global value.
+    """
+
+    def __init__(self):
+        self.values: dict[int, list[tf.Tensor]] = {}
+
+    def update_state(self, value, sample_weight=None):
+        self.values.setdefault(threading.get_ident(), []).append(value)
+
+    def pop(self) -> list[tf.Tensor]:
+        return self.values.pop(threading.get_ident(), [])
+
+
+def _local_results(strategy: tf.distribute.Strategy, outputs: Any) -> list[Any]:
+    flat = [strategy.experimental_local_results(v) for v in tf.nest.flatten(outputs)]
+    towers = len(flat[0]) if flat else 0
+    return [
+        tf.nest.pack_sequence_as(outputs, [leaf[i] for leaf in flat])
+        for i in range(towers)
+    ]
+
+
+@keras.saving.register_keras_serializable(package="kerastower")
+class TowerModel(keras.Model):
+    """A `keras.Model` that trains, evaluates and predicts over several towers.
+
+    Each step cuts the **global** batch (the `batch_size` given to `fit`,
+    `evaluate` and `predict`, all towers together) into contiguous shards, one
+    per tower: with ``B`` examples and ``N`` towers the first ``B mod N`` towers
+    get ``B // N + 1`` examples and the rest ``B // N``, so any ``B`` works,
+    including ``B < N`` (some towers get none). Every tower runs the forward and
+    backward pass on its device inside `tf.distribute.Strategy.run`; its loss is
+    weighted by its share of the batch,
+
+    ``loss = sum_i (n_i / B) * loss_i``,
+
+    which equals the loss of the whole batch on one device for any loss that
+    is a mean over examples (the Keras default reduction,
+    ``"sum_over_batch_size"``). Regularization losses are counted once, since
+    the weights sum to 1. The towers' gradients are summed and the model's own
+    optimizer applies them once, so clipping, weight decay and optimizer
+    state see exactly the single-device gradient. Metrics and the loss tracker
+    are updated once on the whole batch; predictions come back in input order.
+
+    The model's variables are ordinary variables: no `strategy.scope()` is
+    needed and weights files are interchangeable with a plain `keras.Model`.
+
+    `BatchNormalization` layers are synchronised across towers during training
+    (statistics over the global batch, weighted by example count), so they
+    match one device. Pass ``sync_batch_norm=False`` to keep each layer's own
+    ``synchronized`` setting (per-tower statistics, as stock `MirroredStrategy`).
+
+    Example:
+
+    ```python
+    import keras
+    import kerastower
+
+    inputs = keras.Input((8,))
+    outputs = keras.layers.Dense(1)(inputs)
+    model = kerastower.TowerModel(inputs, outputs, towers=2)
+    model.compile(optimizer="adam", loss="mse")
+    model.fit(x, y, batch_size=10)   # 5 examples per tower
+    ```
+
+    A subclass that overrides `train_step` replaces the tower splitting with
+    its own step (a warning says so); override `compute_loss` instead.
+
+    Args:
+        *args: Passed to `keras.Model` (e.g. ``inputs, outputs``).
+        towers: ``None`` for all visible GPUs, or all logical CPUs when there is
+            no GPU; an integer ``n`` for the first ``n`` of them; or a list of
+            device names. Defaults to ``None``.
+        sync_batch_norm: Whether `BatchNormalization` layers use statistics of
+            the global batch while training. Defaults to ``True``.
+        **kwargs: Passed to `keras.Model`.
+
+    Raises:
+        ValueError: If `towers` is not ``None``, an integer >= 1 or a list of
+            existing device names, or asks for more devices than are visible.
+    """
+
+    def __init__(
+        self,
+        *args: Any,
+        towers: int | Sequence[str] | None = None,
+        sync_batch_norm: bool = True,
+        **kwargs: Any,
+    ):
+        self._tower_devices = devices_lib.resolve_towers(towers)
+        self._towers_arg = list(towers) if isinstance(towers, (list, tuple)) else towers
+        self.sync_batch_norm = bool(sync_batch_norm)
+        super().__init__(*args, **kwargs)
+        self._tower_strategy = None
+        if type(self).train_step is not TowerModel.train_step:
+            warnings.warn(
+                f"{type(self).__name__} overrides `train_step`, so its training "
+                "steps are not split across towers. Override `compute_loss` "
+                "instead to keep tower splitting.",
+                stacklevel=2,
+            )
+
+    @property
+    def num_towers(self) -> int:
+        """The number of towers each batch is split across."""
+        return len(self._tower_devices)
+
+    @property
+    def tower_devices(self) -> list[str]:
+        """The device of each tower, in the order shards are assigned."""
+        return list(self._tower_devices)
+
+    @property
+    def tower_strategy(self) -> TowerStrategy:
+        """The `tf.distribute` strategy that runs the towers."""
+        if self._tower_strategy is None:
+            self._tower_strategy = TowerStrategy(self._tower_devices)
+        return self._tower_strategy
+
+    def _resolve_auto_jit_compile(self):
+        if self.num_towers > 1:
+            return False
+        return super()._resolve_auto_jit_compile()
+
+    @contextlib.contextmanager
+    def _tower_context(self):
+        """Synchronises BatchNormalization and records per-output losses."""
+        patched = []
+        if self.sync_batch_norm:
+            for layer in self._flatten_layers(include_self=False):
+                if isinstance(layer, keras.layers.BatchNormalization):
+                    patched.append((layer, layer.synchronized))
+                    layer.synchronized = True
+        compile_loss = getattr(self, "_compile_loss", None)
+        real_metrics = list(getattr(compile_loss, "_metrics", None) or [])
+        recorders = [_LossMetricRecorder() for _ in real_metrics]
+        if real_metrics:
+            compile_loss._metrics = recorders
+        try:
+            yield recorders
+        finally:
+            for layer, value in patched:
+                layer.synchronized = value
+            if real_metrics:
+                compile_loss._metrics = real_metrics
+
+    def _run_towers(self, tower_fn, data):
+        """Splits `data` and runs `tower_fn(shard, weight, recorders)` per tower."""
+        batch = tf.shape(_first_leaf(data))[0]
+        # Hide the sizes from shape inference: a statically empty shard makes
+        # Keras return an unreduced loss of shape (0,).
+        sizes = tf.compat.v1.placeholder_with_default(
+            tensor_split_sizes(batch, self.num_towers), [self.num_towers]
+        )
+        weights = tf.cast(sizes, tf.float32) / tf.cast(batch, tf.float32)
+        shards = _split(data, sizes, self.num_towers)
+        strategy = self.tower_strategy
+        inputs = strategy.experimental_distribute_values_from_function(
+            lambda ctx: (
+                shards[ctx.replica_id_in_sync_group],
+                weights[ctx.replica_id_in_sync_group],
+            )
+        )
+        with self._tower_context() as recorders:
+            outputs = strategy.run(
+                lambda args: tower_fn(args[0], args[1], recorders), args=(inputs,)
+            )
+        return _local_results(strategy, outputs)
+
+    def _tower_loss(self, x, y, y_pred, sample_weight, weight, recorders, training):
+        loss = self._compute_loss(
+            x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=training
+        )
+        weight = tf.cast(weight, loss.dtype)
+        # Empty towers may produce NaN (a mean over nothing); they weigh 0.
+        weighted = tf.where(weight > 0, loss * weight, tf.zeros_like(loss))
+        per_output = [
+            tf.where(weight > 0, tf.cast(v, loss.dtype) * weight, tf.zeros_like(loss))
+            for r in recorders
+            for v in r.pop()
+        ]
+        return weighted, per_output
+
+    def _update_loss_metrics(self, per_tower_outputs, y_pred):
+        batch_dim = _first_leaf(y_pred).shape[0]
+        real = self._compile_loss._metrics if getattr(self, "_compile_loss", None) else []
+        for k, metric in enumerate(real or []):
+            value = tf.add_n([out[k] for out in per_tower_outputs])
+            metric.update_state(value, sample_weight=batch_dim)
+
+    def train_step(self, data):
+        if self.num_towers == 1:
+            with tf.device(self._tower_devices[0]):
+                return super().train_step(data)
+        x, y, sample_weight = data_adapter_utils.unpack_x_y_sample_weight(data)
+        trainable = self.trainable_weights
+        connected: list[int] = []
+
+        def tower_fn(shard, weight, recorders):
+            tx, ty, tsw = shard
+            with tf.GradientTape() as tape:
+                if self._call_has_training_arg:
+                    y_pred = self(tx, training=True)
+                else:
+                    y_pred = self(tx)
+                loss, per_output = self._tower_loss(
+                    tx, ty, y_pred, tsw, weight, recorders, training=True
+                )
+                scaled = self.optimizer.scale_loss(loss) if self.optimizer else loss
+            grads = tape.gradient(scaled, trainable)
+            connected[:] = [j for j, g in enumerate(grads) if g is not None]
+            return [grads[j] for j in connected], loss, y_pred, per_output
+
+        per_tower = self._run_towers(tower_fn, (x, y, sample_weight))
+        loss = tf.add_n([t[1] for t in per_tower])
+        y_pred = _concat([t[2] for t in per_tower])
+        self._loss_tracker.update_state(
+            loss, sample_weight=tf.shape(_first_leaf(x))[0]
+        )
+        self._update_loss_metrics([t[3] for t in per_tower], y_pred)
+        if trainable:
+            gradients = [None] * len(trainable)
+            for k, j in enumerate(connected):
+                gradients[j] = _sum_gradients([t[0][k] for t in per_tower])
+            self.optimizer.apply_gradients(zip(gradients, trainable))
+        else:
+            warnings.warn("The model does not have any trainable weights.")
+        return self.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
+
+    def test_step(self, data):
+        if self.num_towers == 1:
+            with tf.device(self._tower_devices[0]):
+                return super().test_step(data)
+        x, y, sample_weight = data_adapter_utils.unpack_x_y_sample_weight(data)
+
+        def tower_fn(shard, weight, recorders):
+            tx, ty, tsw = shard
+            if self._call_has_training_arg:
+                y_pred = self(tx, training=False)
+            else:
+                y_pred = self(tx)
+            loss, per_output = self._tower_loss(
+                tx, ty, y_pred, tsw, weight, recorders, training=False
+            )
+            return loss, y_pred, per_output
+
+        per_tower = self._run_towers(tower_fn, (x, y, sample_weight))
+        loss = tf.add_n([t[0] for t in per_tower])
+        y_pred = _concat([t[1] for t in per_tower])
+        self._loss_tracker.update_state(
+            loss, sample_weight=tf.shape(_first_leaf(x))[0]
+        )
+        self._update_loss_metrics([t[2] for t in per_tower], y_pred)
+        return self.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
+
+    def predict_step(self, data):
+        if self.num_towers == 1:
+            with tf.device(self._tower_devices[0]):
+                return super().predict_step(data)
+        x, _, _ = data_adapter_utils.unpack_x_y_sample_weight(data)
+
+        def tower_fn(shard, weight, recorders):
+            if self._call_has_training_arg:
+                return self(shard, training=False)
+            return self(shard)
+
+        return _concat(self._run_towers(tower_fn, x))
+
+    def get_config(self) -> dict[str, Any]:
+        config = super().get_config()
+        config["towers"] = self._towers_arg
+        config["sync_batch_norm"] = self.sync_batch_norm
+        return config
+
+    @classmethod
+    def from_config(cls, config, custom_objects=None):
+        config = dict(config)
+        towers = config.get("towers")
+        try:
+            devices_lib.resolve_towers(towers)
+        except ValueError as error:
+            warnings.warn(
+                f"The saved model asked for towers={towers!r}, which this "
+                f"machine cannot provide ({error}); using every available "
+                "device instead.",
+                stacklevel=2,
+            )
+            config["towers"] = None
+        return super().from_config(config, custom_objects=custom_objects)
+
+    @classmethod
+    def from_model(
+        cls,
+        model: keras.Model,
+        towers: int | Sequence[str] | None = None,
+        **kwargs: Any,
+    ) -> TowerModel:
+        """Wraps a functional or `Sequential` model's graph as a `TowerModel`.
+
+        The new model shares the layers, and so the weights, of `model`: no
+        layer is rebuilt. Compile the returned model before training it.
+
+        Example:
+
+        ```python
+        plain = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+        model = kerastower.TowerModel.from_model(plain, towers=2)
+        ```
+
+        Args:
+            model: A built functional `keras.Model` or `keras.Sequential`.
+            towers: As in `TowerModel`. Defaults to ``None``.
+            **kwargs: Other `TowerModel` arguments (``sync_batch_norm``,
+                ``name``). The name defaults to ``model.name``.
+
+        Returns:
+            A `TowerModel` over the same layers.
+
+        Raises:
+            ValueError: If `model` is a subclassed model (it has no graph of
+                inputs and outputs to reuse) or is not built.
+        """
+        if not isinstance(model, keras.Model):
+            raise ValueError(
+                "`model` must be a keras.Model. "
+                f"Received: model={type(model).__name__}"
+            )
+        try:
+            inputs, outputs = model.inputs, model.outputs
+        except (AttributeError, ValueError):
+            inputs = outputs = None
+        if not inputs or not outputs:
+            raise ValueError(
+                "`model` must be a built functional or Sequential model; "
+                "subclassed models should subclass TowerModel instead. "
+                f"Received: model={model.name!r} ({type(model).__name__})"
+            )
+        if len(inputs) == 1 and not isinstance(model.input, (list, dict)):
+            inputs = inputs[0]
+        if len(outputs) == 1 and not isinstance(model.output, (list, dict)):
+            outputs = outputs[0]
+        kwargs.setdefault("name", model.name)
+        return cls(inputs, outputs, towers=towers, **kwargs)

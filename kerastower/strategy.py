@@ -1,0 +1,32 @@
+"""The `tf.distribute` strategy that runs one model's towers."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import tensorflow as tf
+
+
+class TowerStrategy(tf.distribute.MirroredStrategy):
+    """A `MirroredStrategy` whose replicas each see themselves as one device.
+
+    Keras divides mean-reduced losses and regularization losses by
+    ``tf.distribute.get_strategy().num_replicas_in_sync`` inside a replica, so
+    that summing the replicas' losses gives the global loss when every replica
+    holds the same number of examples. `TowerModel` instead weights each tower's
+    loss by its exact share of the global batch, which is right for any split;
+    for that it needs each tower's loss as one device would compute it, so this
+    strategy reports ``num_replicas_in_sync == 1``. Cross-replica reductions
+    (used by synchronised `BatchNormalization`) still span every tower.
+
+    Args:
+        devices: The tower devices, one replica each.
+    """
+
+    def __init__(self, devices: Sequence[str]):
+        super().__init__(devices=list(devices))
+        self.tower_count = len(devices)
+
+    @property
+    def num_replicas_in_sync(self) -> int:
+        return 1

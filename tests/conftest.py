@@ -1,0 +1,13 @@
+"""Test setup: four logical CPUs, configured before TensorFlow starts."""
+
+import os
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import tensorflow as tf  # noqa: E402
+
+import kerastower  # noqa: E402
+
+NUM_DEVICES = 4
+kerastower.configure_logical_devices(NUM_DEVICES)
+assert len(tf.config.list_logical_devices("CPU")) == NUM_DEVICES

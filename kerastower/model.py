@@ -10,6 +10,8 @@ from typing import Any
 
 import keras
 import tensorflow as tf
+from keras.src.models.functional import Functional
+from keras.src.models.model import Trainer, functional_init_arguments
 from keras.src.trainers.data_adapters import data_adapter_utils
 
 from kerastower import devices as devices_lib
@@ -35,9 +37,7 @@ def _split(structure: Any, sizes: tf.Tensor, towers: int) -> list[Any]:
 
 
 def _concat(per_tower: Sequence[Any]) -> Any:
-    return tf.nest.map_structure(
-        lambda *shards: tf.concat(shards, axis=0), *per_tower
-    )
+    return tf.nest.map_structure(lambda *shards: tf.concat(shards, axis=0), *per_tower)
 
 
 def _sum_gradients(per_tower: Sequence[Any]) -> Any:
@@ -137,6 +137,20 @@ class TowerModel(keras.Model):
             existing device names, or asks for more devices than are visible.
     """
 
+    def __new__(cls, *args: Any, **kwargs: Any):
+        if functional_init_arguments(args, kwargs) and not issubclass(cls, Functional):
+            if cls is not TowerModel:
+                raise ValueError(
+                    f"{cls.__name__} subclasses TowerModel and defines `call`; "
+                    "it cannot also be built from `inputs` and `outputs`. Use "
+                    "`kerastower.TowerModel(inputs, outputs)` for functional "
+                    f"models. Received: args={args!r}"
+                )
+            # Keras would otherwise rewrite TowerModel's bases to Functional,
+            # which breaks every subclassed TowerModel defined afterwards.
+            return super().__new__(FunctionalTowerModel)
+        return super().__new__(cls)
+
     def __init__(
         self,
         *args: Any,
@@ -147,7 +161,11 @@ class TowerModel(keras.Model):
         self._tower_devices = devices_lib.resolve_towers(towers)
         self._towers_arg = list(towers) if isinstance(towers, (list, tuple)) else towers
         self.sync_batch_norm = bool(sync_batch_norm)
-        super().__init__(*args, **kwargs)
+        if isinstance(self, Functional):
+            Trainer.__init__(self)
+            Functional.__init__(self, *args, **kwargs)
+        else:
+            super().__init__(*args, **kwargs)
         self._tower_strategy = None
         if type(self).train_step is not TowerModel.train_step:
             warnings.warn(
@@ -178,6 +196,13 @@ class TowerModel(keras.Model):
         if self.num_towers > 1:
             return False
         return super()._resolve_auto_jit_compile()
+
+    def _maybe_symbolic_build(self, iterator=None, data_batch=None):
+        if self.num_towers == 1 or self._distribute_strategy is not None:
+            return super()._maybe_symbolic_build(iterator, data_batch)
+        # Keras defers building loss and metric state to the first trace,
+        # which for towers would happen inside the tower strategy.
+        self._symbolic_build(iterator=iterator, data_batch=data_batch)
 
     @contextlib.contextmanager
     def _tower_context(self):
@@ -240,7 +265,9 @@ class TowerModel(keras.Model):
 
     def _update_loss_metrics(self, per_tower_outputs, y_pred):
         batch_dim = _first_leaf(y_pred).shape[0]
-        real = self._compile_loss._metrics if getattr(self, "_compile_loss", None) else []
+        real = (
+            self._compile_loss._metrics if getattr(self, "_compile_loss", None) else []
+        )
         for k, metric in enumerate(real or []):
             value = tf.add_n([out[k] for out in per_tower_outputs])
             metric.update_state(value, sample_weight=batch_dim)
@@ -271,9 +298,7 @@ class TowerModel(keras.Model):
         per_tower = self._run_towers(tower_fn, (x, y, sample_weight))
         loss = tf.add_n([t[1] for t in per_tower])
         y_pred = _concat([t[2] for t in per_tower])
-        self._loss_tracker.update_state(
-            loss, sample_weight=tf.shape(_first_leaf(x))[0]
-        )
+        self._loss_tracker.update_state(loss, sample_weight=tf.shape(_first_leaf(x))[0])
         self._update_loss_metrics([t[3] for t in per_tower], y_pred)
         if trainable:
             gradients = [None] * len(trainable)
@@ -304,9 +329,7 @@ class TowerModel(keras.Model):
         per_tower = self._run_towers(tower_fn, (x, y, sample_weight))
         loss = tf.add_n([t[0] for t in per_tower])
         y_pred = _concat([t[1] for t in per_tower])
-        self._loss_tracker.update_state(
-            loss, sample_weight=tf.shape(_first_leaf(x))[0]
-        )
+        self._loss_tracker.update_state(loss, sample_weight=tf.shape(_first_leaf(x))[0])
         self._update_loss_metrics([t[2] for t in per_tower], y_pred)
         return self.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
 
@@ -379,22 +402,22 @@ class TowerModel(keras.Model):
         """
         if not isinstance(model, keras.Model):
             raise ValueError(
-                "`model` must be a keras.Model. "
-                f"Received: model={type(model).__name__}"
+                f"`model` must be a keras.Model. Received: model={type(model).__name__}"
             )
         try:
-            inputs, outputs = model.inputs, model.outputs
+            inputs, outputs = model.input, model.output
         except (AttributeError, ValueError):
             inputs = outputs = None
-        if not inputs or not outputs:
+        if inputs is None or outputs is None:
             raise ValueError(
                 "`model` must be a built functional or Sequential model; "
                 "subclassed models should subclass TowerModel instead. "
                 f"Received: model={model.name!r} ({type(model).__name__})"
             )
-        if len(inputs) == 1 and not isinstance(model.input, (list, dict)):
-            inputs = inputs[0]
-        if len(outputs) == 1 and not isinstance(model.output, (list, dict)):
-            outputs = outputs[0]
         kwargs.setdefault("name", model.name)
         return cls(inputs, outputs, towers=towers, **kwargs)
+
+
+@keras.saving.register_keras_serializable(package="kerastower")
+class FunctionalTowerModel(TowerModel, Functional):
+    """The class of ``TowerModel(inputs, outputs)``: a functional `TowerModel`."""

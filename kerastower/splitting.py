@@ -30,8 +30,7 @@ def _check_counts(batch_size: int, towers: int) -> None:
         or batch_size < 0
     ):
         raise ValueError(
-            "`batch_size` must be an integer >= 0. "
-            f"Received: batch_size={batch_size!r}"
+            f"`batch_size` must be an integer >= 0. Received: batch_size={batch_size!r}"
         )
 
 

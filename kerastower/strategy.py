@@ -24,7 +24,15 @@ class TowerStrategy(tf.distribute.MirroredStrategy):
     """
 
     def __init__(self, devices: Sequence[str]):
-        super().__init__(devices=list(devices))
+        # Collective all-reduce keys clash between strategies in one process;
+        # the cross-tower reductions here are small (BatchNormalization
+        # statistics), so a plain reduction onto the first tower serves.
+        super().__init__(
+            devices=list(devices),
+            cross_device_ops=tf.distribute.ReductionToOneDevice(
+                reduce_to_device=devices[0]
+            ),
+        )
         self.tower_count = len(devices)
 
     @property

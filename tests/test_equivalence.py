@@ -1,0 +1,374 @@
+"""TowerModel gives the same weights, losses, metrics and predictions as one device."""
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+from oracle import (
+    assert_same_history,
+    assert_same_weights,
+    mlp,
+    regression_data,
+    twin,
+)
+
+import kerastower
+
+
+def fit_both(plain, towered, x, y, compile_kwargs, **fit_kwargs):
+    histories = []
+    for model in (plain, towered):
+        kwargs = dict(compile_kwargs)
+        kwargs["optimizer"] = keras.optimizers.get(
+            keras.optimizers.serialize(compile_kwargs["optimizer"])
+        )
+        model.compile(**kwargs)
+        fit_kwargs.setdefault("verbose", 0)
+        fit_kwargs.setdefault("shuffle", False)
+        histories.append(model.fit(x, y, **fit_kwargs).history)
+    return histories
+
+
+@pytest.mark.parametrize("towers", [2, 3, 4])
+@pytest.mark.parametrize("batch_size", [1, 5, 8, 10])
+def test_fit_matches_one_device_for_any_batch_size(towers, batch_size):
+    x, y = regression_data(n=23)
+    plain, towered = twin(mlp, towers)
+    ha, hb = fit_both(
+        plain,
+        towered,
+        x,
+        y,
+        dict(optimizer=keras.optimizers.SGD(0.05), loss="mse", metrics=["mae"]),
+        batch_size=batch_size,
+        epochs=2,
+    )
+    assert_same_history(ha, hb)
+    assert_same_weights(plain, towered)
+
+
+@pytest.mark.parametrize(
+    "optimizer",
+    [
+        keras.optimizers.SGD(0.05, momentum=0.9),
+        keras.optimizers.Adam(0.01),
+        keras.optimizers.AdamW(0.01, weight_decay=0.1),
+        keras.optimizers.RMSprop(0.01),
+        keras.optimizers.Adam(0.05, clipnorm=0.1),
+        keras.optimizers.SGD(0.5, global_clipnorm=0.05),
+    ],
+    ids=["momentum", "adam", "adamw", "rmsprop", "clipnorm", "global_clipnorm"],
+)
+def test_stateful_optimizers_and_clipping_act_on_the_all_reduced_gradient(optimizer):
+    x, y = regression_data(n=21)
+    plain, towered = twin(mlp, 3)
+    ha, hb = fit_both(
+        plain,
+        towered,
+        x,
+        y,
+        dict(optimizer=optimizer, loss="mse"),
+        batch_size=8,
+        epochs=3,
+    )
+    assert_same_history(ha, hb)
+    assert_same_weights(plain, towered)
+
+
+def test_one_example_on_four_towers_leaves_three_towers_empty():
+    x, y = regression_data(n=3)
+    plain, towered = twin(mlp, 4)
+    ha, hb = fit_both(
+        plain,
+        towered,
+        x,
+        y,
+        dict(optimizer=keras.optimizers.Adam(0.01), loss="mse", metrics=["mae"]),
+        batch_size=1,
+        epochs=2,
+    )
+    assert_same_history(ha, hb)
+    assert_same_weights(plain, towered)
+
+
+def test_regularization_losses_are_counted_once():
+    x, y = regression_data(n=19)
+
+    def build():
+        keras.utils.set_random_seed(1)
+        inputs = keras.Input((5,))
+        h = keras.layers.Dense(
+            6,
+            kernel_regularizer=keras.regularizers.L2(0.1),
+            activity_regularizer=keras.regularizers.L1(0.01),
+        )(inputs)
+        return keras.Model(inputs, keras.layers.Dense(1)(h))
+
+    plain, towered = twin(build, 3)
+    ha, hb = fit_both(
+        plain,
+        towered,
+        x,
+        y,
+        dict(optimizer=keras.optimizers.SGD(0.05), loss="mse"),
+        batch_size=7,
+        epochs=2,
+    )
+    assert_same_history(ha, hb)
+    assert_same_weights(plain, towered)
+
+
+def test_sample_weight_and_class_weight():
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=(22, 4)).astype("float32")
+    labels = rng.integers(0, 3, size=(22,))
+    weights = rng.uniform(0.1, 2.0, size=(22,)).astype("float32")
+
+    def build():
+        keras.utils.set_random_seed(2)
+        inputs = keras.Input((4,))
+        return keras.Model(inputs, keras.layers.Dense(3, activation="softmax")(inputs))
+
+    compile_kwargs = dict(
+        optimizer=keras.optimizers.Adam(0.02),
+        loss="sparse_categorical_crossentropy",
+        metrics=["accuracy"],
+        weighted_metrics=["accuracy"],
+    )
+    plain, towered = twin(build, 4)
+    ha, hb = fit_both(
+        plain,
+        towered,
+        x,
+        labels,
+        compile_kwargs,
+        sample_weight=weights,
+        batch_size=9,
+        epochs=2,
+    )
+    assert_same_history(ha, hb)
+    assert_same_weights(plain, towered)
+
+    plain, towered = twin(build, 3)
+    ha, hb = fit_both(
+        plain,
+        towered,
+        x,
+        labels,
+        compile_kwargs,
+        class_weight={0: 1.0, 1: 3.0, 2: 0.5},
+        batch_size=10,
+        epochs=2,
+    )
+    assert_same_history(ha, hb)
+    assert_same_weights(plain, towered)
+
+
+def test_multi_input_multi_output_with_dict_losses_and_loss_weights():
+    rng = np.random.default_rng(4)
+    xa = rng.normal(size=(17, 3)).astype("float32")
+    xb = rng.normal(size=(17, 2)).astype("float32")
+    ya = rng.normal(size=(17, 1)).astype("float32")
+    yb = rng.integers(0, 2, size=(17, 1)).astype("float32")
+
+    def build():
+        keras.utils.set_random_seed(5)
+        a = keras.Input((3,), name="a")
+        b = keras.Input((2,), name="b")
+        h = keras.layers.Dense(4, activation="relu")(keras.layers.Concatenate()([a, b]))
+        out_r = keras.layers.Dense(1, name="reg")(h)
+        out_c = keras.layers.Dense(1, activation="sigmoid", name="cls")(h)
+        return keras.Model({"a": a, "b": b}, {"reg": out_r, "cls": out_c})
+
+    plain, towered = twin(build, 3)
+    ha, hb = fit_both(
+        plain,
+        towered,
+        {"a": xa, "b": xb},
+        {"reg": ya, "cls": yb},
+        dict(
+            optimizer=keras.optimizers.Adam(0.01),
+            loss={"reg": "mse", "cls": "binary_crossentropy"},
+            loss_weights={"reg": 0.3, "cls": 2.0},
+            metrics={"cls": ["accuracy"], "reg": ["mae"]},
+        ),
+        batch_size=5,
+        epochs=2,
+    )
+    assert "reg_loss" in hb and "cls_accuracy" in hb
+    assert_same_history(ha, hb)
+    assert_same_weights(plain, towered)
+    pa = plain.predict({"a": xa, "b": xb}, batch_size=4, verbose=0)
+    pb = towered.predict({"a": xa, "b": xb}, batch_size=4, verbose=0)
+    for key in pa:
+        np.testing.assert_allclose(pa[key], pb[key], rtol=1e-5, atol=1e-6)
+
+
+class CustomLossModel(keras.Model):
+    """A subclassed model with a compute_loss that does its own math."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.dense = keras.layers.Dense(
+            1, kernel_regularizer=keras.regularizers.L2(0.05)
+        )
+
+    def call(self, x):
+        return self.dense(x)
+
+    def compute_loss(self, x, y, y_pred, sample_weight=None, training=True):
+        loss = keras.ops.mean(keras.ops.abs(y - y_pred) ** 1.5)
+        return loss + keras.ops.sum(self.losses)
+
+
+class TowerCustomLossModel(kerastower.TowerModel, CustomLossModel):
+    pass
+
+
+def test_subclassed_model_with_compute_loss_override():
+    x, y = regression_data(n=21)
+    results = []
+    for cls, kwargs in ((CustomLossModel, {}), (TowerCustomLossModel, {"towers": 4})):
+        keras.utils.set_random_seed(7)
+        model = cls(**kwargs)
+        model.compile(optimizer=keras.optimizers.Adam(0.05))
+        history = model.fit(x, y, batch_size=6, epochs=3, verbose=0, shuffle=False)
+        results.append((model, history.history))
+    (plain, ha), (towered, hb) = results
+    assert_same_history(ha, hb)
+    assert_same_weights(plain, towered)
+
+
+@pytest.mark.parametrize("towers", [2, 4])
+def test_batch_normalization_is_synchronised_by_default(towers):
+    x, y = regression_data(n=22)
+
+    def build():
+        keras.utils.set_random_seed(8)
+        inputs = keras.Input((5,))
+        h = keras.layers.Dense(6)(inputs)
+        h = keras.layers.BatchNormalization()(h)
+        return keras.Model(inputs, keras.layers.Dense(1)(keras.layers.ReLU()(h)))
+
+    plain, towered = twin(build, towers)
+    ha, hb = fit_both(
+        plain,
+        towered,
+        x,
+        y,
+        dict(optimizer=keras.optimizers.SGD(0.05), loss="mse"),
+        batch_size=9,
+        epochs=2,
+    )
+    assert_same_history(ha, hb, rtol=1e-4)
+    assert_same_weights(plain, towered, rtol=1e-4, atol=1e-5)
+    bn = [layer for layer in towered.layers if "batch_normalization" in layer.name]
+    assert bn[0].synchronized is False  # the layer's own setting is restored
+
+
+def test_batch_normalization_opt_out_uses_per_tower_statistics():
+    x, y = regression_data(n=16)
+
+    def build():
+        keras.utils.set_random_seed(8)
+        inputs = keras.Input((5,))
+        h = keras.layers.BatchNormalization()(keras.layers.Dense(6)(inputs))
+        return keras.Model(inputs, keras.layers.Dense(1)(h))
+
+    plain, towered = twin(build, 2, sync_batch_norm=False)
+    fit_both(
+        plain,
+        towered,
+        x,
+        y,
+        dict(optimizer=keras.optimizers.SGD(0.1), loss="mse"),
+        batch_size=8,
+        epochs=1,
+    )
+    diffs = [
+        np.abs(a - b).max() for a, b in zip(plain.get_weights(), towered.get_weights())
+    ]
+    assert max(diffs) > 1e-4  # per-tower statistics differ from the global ones
+
+
+@pytest.mark.parametrize("towers", [2, 3])
+def test_evaluate_matches_one_device(towers):
+    x, y = regression_data(n=23)
+    plain, towered = twin(mlp, towers)
+    for model in (plain, towered):
+        model.compile(optimizer="sgd", loss="mse", metrics=["mae", "mse"])
+    for batch_size in (1, 4, 7, 32):
+        a = plain.evaluate(x, y, batch_size=batch_size, verbose=0, return_dict=True)
+        b = towered.evaluate(x, y, batch_size=batch_size, verbose=0, return_dict=True)
+        assert a.keys() == b.keys()
+        for key in a:
+            np.testing.assert_allclose(a[key], b[key], rtol=1e-5)
+
+
+def test_predict_preserves_values_and_order_for_arrays_and_datasets():
+    x, _ = regression_data(n=23)
+    plain, towered = twin(mlp, 4)
+    expected = plain.predict(x, batch_size=5, verbose=0)
+    np.testing.assert_allclose(
+        towered.predict(x, batch_size=5, verbose=0), expected, rtol=1e-5, atol=1e-6
+    )
+    dataset = tf.data.Dataset.from_tensor_slices(x).batch(6)
+    np.testing.assert_allclose(
+        towered.predict(dataset, verbose=0), expected, rtol=1e-5, atol=1e-6
+    )
+    # Order: a model that returns its input returns the inputs in order.
+    inputs = keras.Input((5,))
+    identity = kerastower.TowerModel(inputs, keras.layers.Identity()(inputs), towers=3)
+    np.testing.assert_array_equal(identity.predict(x, batch_size=7, verbose=0), x)
+
+
+@pytest.mark.parametrize(
+    "data_kind", ["dataset", "pydataset", "validation_split", "steps_per_execution"]
+)
+def test_input_kinds_and_options(data_kind):
+    x, y = regression_data(n=24)
+    plain, towered = twin(mlp, 3)
+    compile_kwargs = dict(
+        optimizer=keras.optimizers.Adam(0.01), loss="mse", metrics=["mae"]
+    )
+    fit_kwargs = dict(epochs=2)
+    data = (x, y)
+    if data_kind == "dataset":
+        data = (tf.data.Dataset.from_tensor_slices((x, y)).batch(7), None)
+        fit_kwargs["validation_data"] = tf.data.Dataset.from_tensor_slices(
+            (x, y)
+        ).batch(5)
+    elif data_kind == "pydataset":
+
+        class Batches(keras.utils.PyDataset):
+            def __len__(self):
+                return 4
+
+            def __getitem__(self, i):
+                return x[i * 7 : (i + 1) * 7], y[i * 7 : (i + 1) * 7]
+
+        data = (Batches(), None)
+    elif data_kind == "validation_split":
+        fit_kwargs.update(batch_size=5, validation_split=0.25)
+    else:
+        compile_kwargs["steps_per_execution"] = 3
+        fit_kwargs.update(batch_size=5, validation_data=(x, y))
+    ha, hb = fit_both(plain, towered, data[0], data[1], compile_kwargs, **fit_kwargs)
+    assert_same_history(ha, hb)
+    assert_same_weights(plain, towered)
+
+
+def test_jit_compile():
+    x, y = regression_data(n=20)
+    plain, towered = twin(mlp, 2)
+    ha, hb = fit_both(
+        plain,
+        towered,
+        x,
+        y,
+        dict(optimizer=keras.optimizers.SGD(0.05), loss="mse", jit_compile=True),
+        batch_size=6,
+        epochs=2,
+    )
+    assert_same_history(ha, hb, rtol=1e-4)
+    assert_same_weights(plain, towered, rtol=1e-4)

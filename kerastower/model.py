@@ -306,7 +306,9 @@ class TowerModel(keras.Model):
                 gradients[j] = _sum_gradients([t[0][k] for t in per_tower])
             self.optimizer.apply_gradients(zip(gradients, trainable))
         else:
-            warnings.warn("The model does not have any trainable weights.")
+            warnings.warn(
+                "The model does not have any trainable weights.", stacklevel=2
+            )
         return self.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
 
     def test_step(self, data):

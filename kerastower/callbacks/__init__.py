@@ -1,0 +1,3 @@
+"""Keras callbacks for tower training."""
+
+__all__: list[str] = []

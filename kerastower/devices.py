@@ -81,8 +81,16 @@ def available_devices() -> list[str]:
     return [d.name for d in tf.config.list_logical_devices("CPU")]
 
 
-def _canonical(name: str) -> str:
-    return tf.DeviceSpec.from_string(name).to_string()
+def _matches(wanted: tf.DeviceSpec, device: tf.DeviceSpec) -> bool:
+    if (wanted.device_type or "").upper() != (device.device_type or "").upper():
+        return False
+    if wanted.device_index != device.device_index:
+        return False
+    return all(
+        None in (getattr(wanted, field), getattr(device, field))
+        or getattr(wanted, field) == getattr(device, field)
+        for field in ("job", "replica", "task")
+    )
 
 
 def resolve_towers(towers: int | Sequence[str] | None) -> list[str]:
@@ -127,17 +135,20 @@ def resolve_towers(towers: int | Sequence[str] | None) -> list[str]:
                 "`towers` as a list must hold one or more device names. "
                 f"Received: towers={towers!r}"
             )
-        known = {_canonical(d.name): d.name for d in tf.config.list_logical_devices()}
+        known = [d.name for d in tf.config.list_logical_devices()]
         resolved = []
         for name in names:
-            canonical = _canonical(name if "/" in name else f"/device:{name}")
-            if canonical not in known:
+            wanted = tf.DeviceSpec.from_string(
+                name if "/" in name else f"/device:{name}"
+            )
+            found = [d for d in known if _matches(wanted, tf.DeviceSpec.from_string(d))]
+            if not found:
                 raise ValueError(
                     f"`towers` names a device that does not exist: {name!r}. "
-                    f"Available: {', '.join(known.values())}. "
+                    f"Available: {', '.join(known)}. "
                     f"Received: towers={towers!r}"
                 )
-            resolved.append(known[canonical])
+            resolved.append(found[0])
         if len(set(resolved)) != len(resolved):
             raise ValueError(
                 f"`towers` must not name a device twice. Received: towers={towers!r}"

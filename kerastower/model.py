@@ -406,8 +406,9 @@ class TowerModel(keras.Model):
             raise ValueError(
                 f"`model` must be a keras.Model. Received: model={type(model).__name__}"
             )
+        graph = getattr(model, "_functional", None) or model  # Sequential
         try:
-            inputs, outputs = model.input, model.output
+            inputs, outputs = graph.input, graph.output
         except (AttributeError, ValueError):
             inputs = outputs = None
         if inputs is None or outputs is None:

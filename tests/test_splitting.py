@@ -1,0 +1,68 @@
+"""The pure batch-splitting math."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from kerastower.splitting import (
+    loss_weights,
+    split_offsets,
+    split_sizes,
+    tensor_split_sizes,
+)
+
+
+@pytest.mark.parametrize(
+    "batch, towers, expected",
+    [
+        (10, 3, [4, 3, 3]),
+        (5, 2, [3, 2]),
+        (8, 4, [2, 2, 2, 2]),
+        (1, 4, [1, 0, 0, 0]),
+        (0, 2, [0, 0]),
+        (7, 1, [7]),
+    ],
+)
+def test_split_sizes(batch, towers, expected):
+    assert split_sizes(batch, towers) == expected
+
+
+def test_sizes_sum_to_the_batch_and_differ_by_at_most_one():
+    for batch in range(0, 40):
+        for towers in range(1, 9):
+            sizes = split_sizes(batch, towers)
+            assert sum(sizes) == batch and max(sizes) - min(sizes) <= 1
+            assert sizes == sorted(sizes, reverse=True)
+
+
+def test_offsets_and_weights():
+    assert split_offsets(10, 3) == [0, 4, 7]
+    assert loss_weights(10, 4) == [0.3, 0.3, 0.2, 0.2]
+    assert sum(loss_weights(33, 4)) == pytest.approx(1.0)
+
+
+def test_weighted_tower_means_equal_the_global_mean():
+    values = np.random.default_rng(0).normal(size=11)
+    parts = np.split(values, np.cumsum(split_sizes(11, 3))[:-1])
+    weighted = sum(w * p.mean() for w, p in zip(loss_weights(11, 3), parts))
+    assert weighted == pytest.approx(values.mean())
+
+
+def test_tensor_version_matches():
+    for batch in (0, 1, 5, 17, 33):
+        for towers in (1, 2, 3, 4):
+            got = tensor_split_sizes(tf.constant(batch), towers).numpy().tolist()
+            assert got == split_sizes(batch, towers)
+
+
+@pytest.mark.parametrize("towers", [0, -2, 1.5, "3", True])
+def test_bad_towers(towers):
+    with pytest.raises(ValueError, match=r"`towers` must be an integer >= 1"):
+        split_sizes(4, towers)
+
+
+def test_bad_batch_size():
+    with pytest.raises(ValueError, match=r"Received: batch_size=-1"):
+        split_sizes(-1, 2)
+    with pytest.raises(ValueError, match=r"Received: batch_size=0"):
+        loss_weights(0, 2)

@@ -2,8 +2,11 @@
 
 from importlib.metadata import PackageNotFoundError, version
 
+from kerastower import callbacks
+from kerastower.data import batch_for_towers
 from kerastower.devices import available_devices, configure_logical_devices
 from kerastower.model import TowerModel
+from kerastower.scaling import global_batch_size
 from kerastower.splitting import split_sizes
 from kerastower.strategy import TowerStrategy
 
@@ -17,6 +20,9 @@ __all__ = [
     "TowerStrategy",
     "__version__",
     "available_devices",
+    "batch_for_towers",
+    "callbacks",
     "configure_logical_devices",
+    "global_batch_size",
     "split_sizes",
 ]

@@ -1,3 +1,8 @@
 """Keras callbacks for tower training."""
 
-__all__: list[str] = []
+from kerastower.callbacks.batch_scaling import BatchScaling, ScaledSchedule
+
+__all__: list[str] = [
+    "BatchScaling",
+    "ScaledSchedule",
+]

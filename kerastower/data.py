@@ -1,0 +1,59 @@
+"""Batching `tf.data` pipelines for towers."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import tensorflow as tf
+
+from kerastower.scaling import global_batch_size
+
+
+def batch_for_towers(
+    dataset: tf.data.Dataset,
+    per_tower_batch_size: int,
+    towers_or_model: Any,
+    drop_remainder: bool = False,
+) -> tf.data.Dataset:
+    """Batches an unbatched dataset into global batches for the towers.
+
+    Each element of the result is one **global** batch of
+    ``per_tower_batch_size * towers * workers`` examples (see
+    `kerastower.global_batch_size`); `TowerModel` then gives each tower
+    ``per_tower_batch_size`` of them. Pass the result to `model.fit` without a
+    ``batch_size``.
+
+    Example:
+
+    ```python
+    model = kerastower.TowerModel(inputs, outputs, towers=4)
+    dataset = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(1024)
+    train = kerastower.batch_for_towers(dataset, 32, model)  # batches of 128
+    model.fit(train, epochs=3)
+    ```
+
+    Args:
+        dataset: An unbatched `tf.data.Dataset`, one example per element.
+        per_tower_batch_size: The number of examples per tower and step, an
+            integer >= 1.
+        towers_or_model: The number of towers over all workers, an integer
+            >= 1; or a model, whose ``num_towers`` (1 for a plain `keras.Model`)
+            times its ``num_workers`` (1 when absent) is used.
+        drop_remainder: Whether to drop a last global batch that is smaller
+            than the others, so that every step sees the same global batch
+            size. Defaults to ``False``.
+
+    Returns:
+        The batched `tf.data.Dataset`.
+
+    Raises:
+        ValueError: If `dataset` is not a `tf.data.Dataset`, or a size is not
+            an integer >= 1.
+    """
+    if not isinstance(dataset, tf.data.Dataset):
+        raise ValueError(
+            "`dataset` must be a tf.data.Dataset. "
+            f"Received: dataset={type(dataset).__name__}"
+        )
+    batch = global_batch_size(per_tower_batch_size, towers_or_model)
+    return dataset.batch(batch, drop_remainder=bool(drop_remainder))

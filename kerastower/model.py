@@ -167,6 +167,7 @@ class TowerModel(keras.Model):
         else:
             super().__init__(*args, **kwargs)
         self._tower_strategy = None
+        self._gradient_accumulator = None
         if type(self).train_step is not TowerModel.train_step:
             warnings.warn(
                 f"{type(self).__name__} overrides `train_step`, so its training "
@@ -272,12 +273,30 @@ class TowerModel(keras.Model):
             value = tf.add_n([out[k] for out in per_tower_outputs])
             metric.update_state(value, sample_weight=batch_dim)
 
-    def train_step(self, data):
-        if self.num_towers == 1:
-            with tf.device(self._tower_devices[0]):
-                return super().train_step(data)
-        x, y, sample_weight = data_adapter_utils.unpack_x_y_sample_weight(data)
-        trainable = self.trainable_weights
+    def _check_optimizer(self):
+        if getattr(self.optimizer, "gradient_accumulation_steps", None):
+            raise ValueError(
+                "TowerModel does not support the optimizer's own "
+                "`gradient_accumulation_steps`: it weights every micro-batch "
+                "1/k whatever its size. Use the exact "
+                "`kerastower.callbacks.GradientAccumulation(steps)` callback "
+                "instead. Received: gradient_accumulation_steps="
+                f"{self.optimizer.gradient_accumulation_steps}"
+            )
+
+    def _one_device_gradients(self, x, y, sample_weight, trainable):
+        with tf.GradientTape() as tape:
+            if self._call_has_training_arg:
+                y_pred = self(x, training=True)
+            else:
+                y_pred = self(x)
+            loss = self._compute_loss(
+                x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=True
+            )
+            scaled = self.optimizer.scale_loss(loss)
+        return tape.gradient(scaled, trainable), loss, y_pred
+
+    def _tower_gradients(self, x, y, sample_weight, trainable):
         connected: list[int] = []
 
         def tower_fn(shard, weight, recorders):
@@ -290,7 +309,7 @@ class TowerModel(keras.Model):
                 loss, per_output = self._tower_loss(
                     tx, ty, y_pred, tsw, weight, recorders, training=True
                 )
-                scaled = self.optimizer.scale_loss(loss) if self.optimizer else loss
+                scaled = self.optimizer.scale_loss(loss)
             grads = tape.gradient(scaled, trainable)
             connected[:] = [j for j, g in enumerate(grads) if g is not None]
             return [grads[j] for j in connected], loss, y_pred, per_output
@@ -298,17 +317,39 @@ class TowerModel(keras.Model):
         per_tower = self._run_towers(tower_fn, (x, y, sample_weight))
         loss = tf.add_n([t[1] for t in per_tower])
         y_pred = _concat([t[2] for t in per_tower])
-        self._loss_tracker.update_state(loss, sample_weight=tf.shape(_first_leaf(x))[0])
         self._update_loss_metrics([t[3] for t in per_tower], y_pred)
-        if trainable:
-            gradients = [None] * len(trainable)
-            for k, j in enumerate(connected):
-                gradients[j] = _sum_gradients([t[0][k] for t in per_tower])
-            self.optimizer.apply_gradients(zip(gradients, trainable))
+        gradients = [None] * len(trainable)
+        for k, j in enumerate(connected):
+            gradients[j] = _sum_gradients([t[0][k] for t in per_tower])
+        return gradients, loss, y_pred
+
+    def train_step(self, data):
+        self._check_optimizer()
+        accumulator = getattr(self, "_gradient_accumulator", None)
+        if self.num_towers == 1 and accumulator is None:
+            with tf.device(self._tower_devices[0]):
+                return super().train_step(data)
+        x, y, sample_weight = data_adapter_utils.unpack_x_y_sample_weight(data)
+        trainable = self.trainable_weights
+        if self.num_towers == 1:
+            with tf.device(self._tower_devices[0]):
+                gradients, loss, y_pred = self._one_device_gradients(
+                    x, y, sample_weight, trainable
+                )
         else:
+            gradients, loss, y_pred = self._tower_gradients(
+                x, y, sample_weight, trainable
+            )
+        batch_size = tf.shape(_first_leaf(x))[0]
+        self._loss_tracker.update_state(loss, sample_weight=batch_size)
+        if not trainable:
             warnings.warn(
                 "The model does not have any trainable weights.", stacklevel=2
             )
+        elif accumulator is not None:
+            accumulator.accumulate(gradients, batch_size, self.optimizer)
+        else:
+            self.optimizer.apply_gradients(zip(gradients, trainable))
         return self.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
 
     def test_step(self, data):

@@ -1,8 +1,18 @@
 """Keras callbacks for tower training."""
 
 from kerastower.callbacks.batch_scaling import BatchScaling, ScaledSchedule
+from kerastower.callbacks.chief_checkpoint import (
+    ChiefCheckpoint,
+    checkpoint_epoch,
+    latest_checkpoint,
+)
+from kerastower.callbacks.gradient_accumulation import GradientAccumulation
 
 __all__: list[str] = [
     "BatchScaling",
+    "ChiefCheckpoint",
+    "GradientAccumulation",
     "ScaledSchedule",
+    "checkpoint_epoch",
+    "latest_checkpoint",
 ]

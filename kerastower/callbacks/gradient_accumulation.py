@@ -1,0 +1,132 @@
+"""`GradientAccumulation`: exact accumulation of micro-batches inside `fit`."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import keras
+import tensorflow as tf
+
+from kerastower.accumulation import (
+    GradientAccumulator,
+    steps_for_epoch,
+    validate_steps,
+)
+
+_EPOCH_END_POLICIES = ("apply", "carry")
+
+
+class GradientAccumulation(keras.callbacks.Callback):
+    """Applies one optimizer update every `steps` micro-batches, exactly.
+
+    Each batch that `fit` draws is a micro-batch (its size is the global batch
+    size given to `fit`, split across towers as usual). Gradients of ``k``
+    micro-batches with ``n_1, ..., n_k`` examples are combined as
+
+    ``g = (n_1 g_1 + ... + n_k g_k) / (n_1 + ... + n_k)``
+
+    so ``k`` micro-batches of ``b`` examples give the same weights and loss
+    history as one device trained with batches of ``k * b`` examples; an
+    uneven last micro-batch counts for its examples. The optimizer sees one
+    step per update: its `iterations`, learning-rate schedules, clipping and
+    weight decay act once per update, on the accumulated gradient. Weights
+    change only after every ``k``-th micro-batch; callbacks still see every
+    micro-batch.
+
+    At the end of an epoch a partial window is applied by default, normalised
+    by the examples it holds (as the short last batch of the one-device run);
+    ``epoch_end="carry"`` carries it into the next epoch instead (what remains
+    when training ends is applied then). The partial window is applied before
+    validation runs.
+
+    Memory: one extra copy of the trainable variables (the accumulators).
+    `BatchNormalization` statistics are computed per micro-batch, so they are
+    not those of the ``k * b`` batch. The accumulators are not saved in
+    checkpoints: a run resumed mid-window starts a fresh window.
+
+    Example:
+
+    ```python
+    model.fit(x, y, batch_size=32, callbacks=[GradientAccumulation(4)])
+    # one update per 4 x 32 = 128 examples
+    ```
+
+    Args:
+        steps: Micro-batches per update, an integer >= 1 (1 turns accumulation
+            off), or a dict ``{epoch: steps}`` (0-based epochs) that changes it
+            from that epoch on.
+        epoch_end: ``"apply"`` or ``"carry"``: what to do with a partial window
+            at the end of an epoch. Defaults to ``"apply"``.
+
+    Raises:
+        ValueError: If `steps` or `epoch_end` is invalid, or (at the start of
+            training) the model is not a `kerastower.TowerModel`.
+    """
+
+    def __init__(self, steps: int | Mapping[int, int], epoch_end: str = "apply"):
+        super().__init__()
+        self.schedule = validate_steps(steps)
+        if epoch_end not in _EPOCH_END_POLICIES:
+            raise ValueError(
+                f"`epoch_end` must be one of {_EPOCH_END_POLICIES}. "
+                f"Received: epoch_end={epoch_end!r}"
+            )
+        self.epoch_end = epoch_end
+        self._accumulator: GradientAccumulator | None = None
+        self._apply_fn = None
+        self._steps_per_epoch = None
+
+    def on_train_begin(self, logs=None):
+        from kerastower.model import TowerModel
+
+        model = self.model
+        if not isinstance(model, TowerModel):
+            raise ValueError(
+                "GradientAccumulation needs a kerastower.TowerModel. "
+                f"Received: model of type {type(model).__name__}"
+            )
+        if not model.optimizer.built:
+            model.optimizer.build(model.trainable_variables)
+        self._accumulator = GradientAccumulator(
+            model.trainable_variables, steps_for_epoch(self.schedule, 0)
+        )
+        model._gradient_accumulator = self._accumulator
+        model.make_train_function(force=True)
+        optimizer = model.optimizer
+        self._apply_fn = tf.function(lambda: self._accumulator.apply_pending(optimizer))
+        self._steps_per_epoch = self.params.get("steps") if self.params else None
+
+    def on_epoch_begin(self, epoch, logs=None):
+        steps = steps_for_epoch(self.schedule, epoch)
+        if steps != int(self._accumulator.steps.numpy()):
+            self._apply_pending()
+            self._accumulator.steps.assign(steps)
+
+    def on_train_batch_end(self, batch, logs=None):
+        if self.epoch_end == "apply" and self._steps_per_epoch == batch + 1:
+            self._apply_pending()
+
+    def on_test_begin(self, logs=None):
+        if self.epoch_end == "apply" and self._accumulator is not None:
+            self._apply_pending()
+
+    def on_epoch_end(self, epoch, logs=None):
+        if self.epoch_end == "apply":
+            self._apply_pending()
+
+    def on_train_end(self, logs=None):
+        self._apply_pending()
+        self.model._gradient_accumulator = None
+        self.model.make_train_function(force=True)
+        self._accumulator = None
+
+    def _apply_pending(self):
+        if self._accumulator is not None and int(self._accumulator.examples.numpy()):
+            self._apply_fn()
+
+    @property
+    def pending_examples(self) -> int:
+        """Examples in the current, not yet applied window."""
+        if self._accumulator is None:
+            return 0
+        return int(self._accumulator.examples.numpy())

@@ -1,0 +1,190 @@
+"""GradientAccumulation: k micro-batches equal one device with the k-times batch."""
+
+import keras
+import numpy as np
+import pytest
+from oracle import assert_same_history, assert_same_weights, mlp, regression_data, twin
+
+import kerastower
+from kerastower.accumulation import steps_for_epoch, validate_steps
+from kerastower.callbacks import GradientAccumulation
+
+OPTIMIZERS = {
+    "sgd": lambda: keras.optimizers.SGD(0.1),
+    "adam": lambda: keras.optimizers.Adam(0.01),
+}
+
+
+@pytest.mark.parametrize("towers", [1, 2, 3])
+@pytest.mark.parametrize("optimizer", sorted(OPTIMIZERS))
+@pytest.mark.parametrize("steps, micro", [(3, 4), (4, 2)])
+def test_accumulation_matches_one_device_with_the_bigger_batch(
+    towers, optimizer, steps, micro
+):
+    x, y = regression_data(n=23)  # uneven windows: 23 is no multiple of k * b
+    plain, towered = twin(mlp, towers)
+    plain.compile(optimizer=OPTIMIZERS[optimizer](), loss="mse", metrics=["mae"])
+    towered.compile(optimizer=OPTIMIZERS[optimizer](), loss="mse", metrics=["mae"])
+    ha = plain.fit(x, y, batch_size=steps * micro, epochs=2, shuffle=False, verbose=0)
+    hb = towered.fit(
+        x,
+        y,
+        batch_size=micro,
+        epochs=2,
+        shuffle=False,
+        verbose=0,
+        callbacks=[GradientAccumulation(steps)],
+    )
+    assert_same_history(ha.history, hb.history)
+    assert_same_weights(plain, towered)
+    assert int(towered.optimizer.iterations) == int(plain.optimizer.iterations)
+
+
+def test_weights_change_only_after_every_kth_micro_batch():
+    x, y = regression_data(n=20)
+    model = kerastower.TowerModel.from_model(mlp(), towers=2)
+    model.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
+    seen = []
+
+    class Record(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            seen.append((batch, model.get_weights()[0].copy()))
+
+    before = model.get_weights()[0].copy()
+    model.fit(
+        x,
+        y,
+        batch_size=2,
+        epochs=1,
+        shuffle=False,
+        verbose=0,
+        callbacks=[GradientAccumulation(3), Record()],
+    )
+    assert len(seen) == 10  # callbacks see every micro-batch
+    changed = []
+    previous = before
+    for batch, weights in seen:
+        changed.append(not np.array_equal(previous, weights))
+        previous = weights
+    # Updates after micro-batches 3, 6, 9 and the partial window (10) at epoch end.
+    assert changed == [False, False, True, False, False, True, False, False, True, True]
+    assert int(model.optimizer.iterations) == 4
+
+
+def test_learning_rate_schedule_and_weight_decay_act_once_per_update():
+    x, y = regression_data(n=24)
+    schedule = keras.optimizers.schedules.ExponentialDecay(0.1, 1, 0.5)
+    plain, towered = twin(mlp, 3)
+    plain.compile(
+        optimizer=keras.optimizers.AdamW(schedule, weight_decay=0.2), loss="mse"
+    )
+    towered.compile(
+        optimizer=keras.optimizers.AdamW(schedule, weight_decay=0.2, clipnorm=10.0),
+        loss="mse",
+    )
+    plain.optimizer.clipnorm = 10.0
+    plain.fit(x, y, batch_size=12, epochs=2, shuffle=False, verbose=0)
+    towered.fit(
+        x,
+        y,
+        batch_size=4,
+        epochs=2,
+        shuffle=False,
+        verbose=0,
+        callbacks=[GradientAccumulation(3)],
+    )
+    assert_same_weights(plain, towered)
+    assert int(towered.optimizer.iterations) == 4
+
+
+def test_epoch_shorter_than_k_still_updates():
+    x, y = regression_data(n=6)
+    plain, towered = twin(mlp, 2)
+    for model in (plain, towered):
+        model.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
+    plain.fit(x, y, batch_size=6, epochs=2, shuffle=False, verbose=0)
+    towered.fit(
+        x,
+        y,
+        batch_size=2,
+        epochs=2,
+        shuffle=False,
+        verbose=0,
+        callbacks=[GradientAccumulation(8)],
+    )
+    assert_same_weights(plain, towered)
+
+
+def test_carry_policy_spans_epochs():
+    x, y = regression_data(n=23)
+    plain, towered = twin(mlp, 2)
+    for model in (plain, towered):
+        model.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
+    # Micro-batches of 4 (the last of each epoch holds 3), windows of 4.
+    towered.fit(
+        x,
+        y,
+        batch_size=4,
+        epochs=2,
+        shuffle=False,
+        verbose=0,
+        callbacks=[GradientAccumulation(4, epoch_end="carry")],
+    )
+    stream_x = np.concatenate([x, x])
+    stream_y = np.concatenate([y, y])
+    for start, stop in [(0, 16), (16, 31), (31, 46)]:
+        plain.train_on_batch(stream_x[start:stop], stream_y[start:stop])
+    assert_same_weights(plain, towered)
+
+
+def test_schedule_changes_steps_by_epoch():
+    x, y = regression_data(n=24)
+    plain, towered = twin(mlp, 2)
+    for model in (plain, towered):
+        model.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
+    plain.fit(x, y, batch_size=4, epochs=1, shuffle=False, verbose=0)
+    plain.fit(x, y, batch_size=12, epochs=1, shuffle=False, verbose=0)
+    towered.fit(
+        x,
+        y,
+        batch_size=4,
+        epochs=2,
+        shuffle=False,
+        verbose=0,
+        callbacks=[GradientAccumulation({1: 3})],
+    )
+    assert_same_weights(plain, towered)
+
+
+def test_pure_schedule_helpers():
+    assert validate_steps(4) == {0: 4}
+    assert validate_steps({2: 4}) == {0: 1, 2: 4}
+    schedule = validate_steps({0: 2, 3: 8})
+    assert [steps_for_epoch(schedule, e) for e in range(5)] == [2, 2, 2, 8, 8]
+
+
+@pytest.mark.parametrize("steps", [0, -3, 1.5, "4", True, {}, {-1: 2}, {0: 0}])
+def test_bad_steps_get_a_keras_style_error(steps):
+    with pytest.raises(ValueError, match=r"`steps`.*Received: steps="):
+        GradientAccumulation(steps)
+
+
+def test_bad_epoch_end_policy():
+    with pytest.raises(ValueError, match=r"Received: epoch_end='drop'"):
+        GradientAccumulation(2, epoch_end="drop")
+
+
+def test_needs_a_tower_model():
+    model = mlp()
+    model.compile(optimizer="sgd", loss="mse")
+    with pytest.raises(ValueError, match="needs a kerastower.TowerModel"):
+        model.fit(*regression_data(), callbacks=[GradientAccumulation(2)], verbose=0)
+
+
+def test_optimizer_gradient_accumulation_steps_points_to_the_callback():
+    model = kerastower.TowerModel.from_model(mlp(), towers=2)
+    model.compile(
+        optimizer=keras.optimizers.SGD(0.1, gradient_accumulation_steps=2), loss="mse"
+    )
+    with pytest.raises(ValueError, match="GradientAccumulation"):
+        model.fit(*regression_data(), verbose=0)

@@ -63,7 +63,7 @@ def test_weights_change_only_after_every_kth_micro_batch():
     assert len(seen) == 10  # callbacks see every micro-batch
     changed = []
     previous = before
-    for batch, weights in seen:
+    for _, weights in seen:
         changed.append(not np.array_equal(previous, weights))
         previous = weights
     # Updates after micro-batches 3, 6, 9 and the partial window (10) at epoch end.
@@ -75,14 +75,11 @@ def test_learning_rate_schedule_and_weight_decay_act_once_per_update():
     x, y = regression_data(n=24)
     schedule = keras.optimizers.schedules.ExponentialDecay(0.1, 1, 0.5)
     plain, towered = twin(mlp, 3)
-    plain.compile(
-        optimizer=keras.optimizers.AdamW(schedule, weight_decay=0.2), loss="mse"
-    )
-    towered.compile(
-        optimizer=keras.optimizers.AdamW(schedule, weight_decay=0.2, clipnorm=10.0),
-        loss="mse",
-    )
-    plain.optimizer.clipnorm = 10.0
+    for model in (plain, towered):
+        model.compile(
+            optimizer=keras.optimizers.AdamW(schedule, weight_decay=0.2, clipnorm=0.5),
+            loss="mse",
+        )
     plain.fit(x, y, batch_size=12, epochs=2, shuffle=False, verbose=0)
     towered.fit(
         x,

@@ -2,7 +2,8 @@
 
 from importlib.metadata import PackageNotFoundError, version
 
-from kerastower import callbacks
+from kerastower import callbacks, cluster
+from kerastower.cluster import is_chief, is_multi_worker, num_workers, worker_index
 from kerastower.data import batch_for_towers
 from kerastower.devices import available_devices, configure_logical_devices
 from kerastower.model import TowerModel
@@ -22,7 +23,12 @@ __all__ = [
     "available_devices",
     "batch_for_towers",
     "callbacks",
+    "cluster",
     "configure_logical_devices",
     "global_batch_size",
+    "is_chief",
+    "is_multi_worker",
+    "num_workers",
     "split_sizes",
+    "worker_index",
 ]

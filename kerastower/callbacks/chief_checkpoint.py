@@ -1,0 +1,432 @@
+"""`ChiefCheckpoint`: `ModelCheckpoint` that only the chief writes, atomically."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import string
+import tempfile
+import uuid
+
+import keras
+from keras.src.utils import file_utils, io_utils
+
+from kerastower import cluster
+
+TEMP_PREFIX = ".kerastower-tmp-"
+"""Names of the chief's in-progress files start with this; they never match."""
+
+_COUNTERS = ("epoch", "batch")
+
+
+def _name_regex(filepath: str) -> re.Pattern:
+    """A regex for the file names `filepath` formats to, with `epoch`/`batch`."""
+    if "{" in os.path.dirname(filepath):
+        raise ValueError(
+            "Finding checkpoints needs the `{...}` fields of `filepath` in the "
+            f"file name, not in the directory. Received: filepath={filepath}"
+        )
+    parts = []
+    try:
+        fields = list(string.Formatter().parse(os.path.basename(filepath)))
+    except ValueError as error:
+        raise ValueError(
+            f"`filepath` is not a valid format string ({error}). "
+            f"Received: filepath={filepath}"
+        ) from None
+    for literal, field, _, _ in fields:
+        parts.append(re.escape(literal))
+        if field is None:
+            continue
+        if field in _COUNTERS and f"(?P<{field}>" not in "".join(parts):
+            parts.append(rf"\s*(?P<{field}>\d+)")
+        elif field in _COUNTERS:
+            parts.append(r"\s*\d+")
+        else:
+            parts.append(r".+?")
+    return re.compile("^" + "".join(parts) + "$")
+
+
+def _static_dir(filepath: str) -> str:
+    """The longest directory of `filepath` that has no `{...}` field."""
+    kept = []
+    for part in os.path.dirname(filepath).split(os.sep):
+        if "{" in part:
+            break
+        kept.append(part)
+    return os.sep.join(kept) or os.curdir
+
+
+def latest_checkpoint(filepath: str) -> str | None:
+    """Returns the latest checkpoint that a checkpoint callback wrote to `filepath`.
+
+    Among the files whose names match `filepath` (a `ModelCheckpoint` pattern
+    such as ``"ckpt/{epoch:03d}-{val_loss:.3f}.keras"``), the latest is the one
+    with the largest ``{epoch}``, then ``{batch}``; files that tie on both (or
+    patterns without them) are ordered by modification time, then by name.
+    The chief's unfinished temporary files are never returned.
+
+    Example:
+
+    ```python
+    path = kerastower.callbacks.latest_checkpoint("ckpt/{epoch:03d}.keras")
+    if path is not None:
+        model.load_weights(path)  # restores the optimizer state too
+        initial_epoch = kerastower.callbacks.checkpoint_epoch(
+            path, "ckpt/{epoch:03d}.keras"
+        )
+    ```
+
+    Args:
+        filepath: The callback's `filepath` pattern. Its `{...}` fields must
+            all be in the file name, not in the directory.
+
+    Returns:
+        The path of the latest checkpoint, or ``None`` if there is none.
+
+    Raises:
+        ValueError: If `filepath` has fields in its directory part or is not
+            a valid format string.
+    """
+    filepath = file_utils.path_to_string(filepath)
+    regex = _name_regex(filepath)
+    directory = os.path.dirname(filepath) or os.curdir
+    if not os.path.isdir(directory):
+        return None
+    best_key, best_path = None, None
+    for name in os.listdir(directory):
+        match = regex.match(name)
+        if name.startswith(TEMP_PREFIX) or match is None:
+            continue
+        path = os.path.join(directory, name)
+        if not os.path.isfile(path):
+            continue
+        counters = match.groupdict()
+        key = (
+            int(counters.get("epoch") or -1),
+            int(counters.get("batch") or -1),
+            os.path.getmtime(path),
+            name,
+        )
+        if best_key is None or key > best_key:
+            best_key, best_path = key, path
+    return best_path
+
+
+def checkpoint_epoch(path: str, filepath: str) -> int | None:
+    """Returns the ``{epoch}`` value in the name of checkpoint `path`.
+
+    For a checkpoint written at the end of an epoch this is the number of
+    epochs completed, which is the `initial_epoch` to pass to `fit` when
+    resuming from it.
+
+    Args:
+        path: A checkpoint file written by a callback with `filepath`.
+        filepath: The callback's `filepath` pattern.
+
+    Returns:
+        The epoch number in the name, or ``None`` if the name does not match
+        `filepath` or `filepath` has no ``{epoch}`` field.
+
+    Raises:
+        ValueError: If `filepath` has fields in its directory part.
+    """
+    match = _name_regex(file_utils.path_to_string(filepath)).match(
+        os.path.basename(file_utils.path_to_string(path))
+    )
+    if match is None or match.groupdict().get("epoch") is None:
+        return None
+    return int(match.group("epoch"))
+
+
+def _write_error(what: str, path: str, error: BaseException) -> OSError:
+    return OSError(f"ChiefCheckpoint could not {what} {path!r}: {error}")
+
+
+def _fsync(path: str, directory: bool = False) -> None:
+    flags = os.O_RDONLY | (getattr(os, "O_DIRECTORY", 0) if directory else 0)
+    try:
+        fd = os.open(path, flags)
+    except OSError:
+        if directory:  # Some platforms cannot open directories; best effort.
+            return
+        raise
+    try:
+        os.fsync(fd)
+    except OSError:
+        if not directory:
+            raise
+    finally:
+        os.close(fd)
+
+
+def _remove_quietly(path: str) -> None:
+    try:
+        os.remove(path)
+    except OSError:
+        pass
+
+
+class ChiefCheckpoint(keras.callbacks.ModelCheckpoint):
+    """`keras.callbacks.ModelCheckpoint` for multi-worker training.
+
+    Every `ModelCheckpoint` option works as there (`monitor`, `mode`,
+    `save_best_only`, `save_weights_only`, `save_freq`,
+    `initial_value_threshold`, ``{epoch}``/``{batch}``/metric fields in
+    `filepath`), with three differences:
+
+    - **Only the chief writes `filepath`.** The chief is the ``"chief"`` task
+      of `TF_CONFIG`, or worker 0 when there is none, and must also be the
+      model's distribution strategy's ``should_checkpoint`` worker (see
+      `kerastower.is_chief`). Without `TF_CONFIG` the process is the chief.
+      Every worker still takes every save, in step: the other workers save
+      into a private temporary directory that is deleted right away. With
+      Keras 3 a ``.keras`` or ``.weights.h5`` save reads each variable's local
+      value and needs no other worker, but under a multi-worker strategy a
+      read may be a collective (a variable synchronised on read is reduced
+      over all workers), and a save that only the chief entered would then
+      wait forever. All workers see the same logs, so with `save_best_only`
+      they all decide alike.
+    - **Writes are atomic.** The chief saves into a hidden temporary file in
+      the checkpoint's directory (its name starts with ``.kerastower-tmp-``),
+      flushes it to disk, then renames it onto the real path with
+      `os.replace`. A crash or a failing save leaves the previous file at the
+      real path intact and no partial file behind; a process killed outright
+      may leave a temporary file, which the next `on_train_begin` removes.
+      Remote paths (``gs://``...) are written directly, since the store
+      uploads each object whole.
+    - **Errors are not skipped.** `on_train_begin` checks that the chief can
+      create and write the checkpoint directory, and a save that fails raises
+      an `OSError` naming the path.
+
+    With ``resume=True``, `on_train_begin` restores the latest checkpoint
+    matching `filepath` (see `latest_checkpoint`) into the model, optimizer
+    state included, and training starts at the epoch after it: `fit`'s
+    `initial_epoch` is set from the ``{epoch}`` field of the file name, as
+    `keras.callbacks.BackupAndRestore` does. Call `fit` with the same
+    `epochs` as the run that was interrupted. With deterministic data
+    (``shuffle=False``, or a dataset whose order depends only on the epoch)
+    the resumed run ends with the same weights as one never interrupted.
+    Every worker reads the checkpoint, so under multi-worker training the
+    directory must be on a file system they all see.
+
+    Example:
+
+    ```python
+    checkpoint = kerastower.callbacks.ChiefCheckpoint(
+        "ckpt/{epoch:03d}.keras", resume=True
+    )
+    model.fit(x, y, batch_size=64, epochs=10, callbacks=[checkpoint])
+    # Run again after a crash: training goes on from the last epoch saved.
+    ```
+
+    Args:
+        filepath: String or `PathLike`, the path to save to; it may contain
+            ``{epoch}``, ``{batch}`` and `logs` fields. It must end in
+            ``.weights.h5`` when `save_weights_only`, else in ``.keras`` (or
+            legacy ``.h5``).
+        monitor: The metric name to monitor, for `save_best_only`. Defaults to
+            ``"val_loss"``.
+        verbose: 0 (silent) or 1 (a message per save). Defaults to 0.
+        save_best_only: Whether to save only when `monitor` improves.
+            Defaults to ``False``.
+        save_weights_only: Whether to save weights (and optimizer state) only,
+            with `model.save_weights`, instead of the whole model. Defaults to
+            ``False``.
+        mode: ``"auto"``, ``"min"`` or ``"max"``: whether `monitor` improves
+            by decreasing or increasing. Defaults to ``"auto"``.
+        save_freq: ``"epoch"`` to save after each epoch, or an integer ``n``
+            to save every ``n`` training batches (global batches, one step of
+            all workers). Defaults to ``"epoch"``.
+        initial_value_threshold: The "best" value of `monitor` to beat first,
+            for `save_best_only`. Defaults to ``None``.
+        resume: Whether `on_train_begin` restores the latest checkpoint and
+            sets the epoch to start from. Needs ``{epoch}`` in the file name
+            of `filepath`, ``save_freq="epoch"`` and a ``.keras`` or
+            ``.weights.h5`` file (both hold the optimizer state). After a
+            resume, `save_best_only` compares against
+            `initial_value_threshold` again, not the best value of the
+            interrupted run. Defaults to ``False``.
+
+    Raises:
+        ValueError: If `filepath` does not end as the format requires, if
+            `save_freq` is neither ``"epoch"`` nor an integer, or if `resume`
+            is set without the requirements above.
+    """
+
+    def __init__(
+        self,
+        filepath: str | os.PathLike,
+        monitor: str = "val_loss",
+        verbose: int = 0,
+        save_best_only: bool = False,
+        save_weights_only: bool = False,
+        mode: str = "auto",
+        save_freq: str | int = "epoch",
+        initial_value_threshold: float | None = None,
+        resume: bool = False,
+    ):
+        super().__init__(
+            filepath,
+            monitor=monitor,
+            verbose=verbose,
+            save_best_only=save_best_only,
+            save_weights_only=save_weights_only,
+            mode=mode,
+            save_freq=save_freq,
+            initial_value_threshold=initial_value_threshold,
+        )
+        if not isinstance(resume, bool):
+            raise ValueError(f"`resume` must be a bool. Received: resume={resume!r}")
+        self.resume = resume
+        self._chief: bool | None = None
+        self._resumed_epoch: int | None = None
+        if resume:
+            self._validate_resume()
+
+    def _validate_resume(self) -> None:
+        if self.save_freq != "epoch":
+            raise ValueError(
+                "`resume=True` needs `save_freq='epoch'`: Keras cannot start "
+                "`fit` in the middle of an epoch. Received: "
+                f"save_freq={self.save_freq!r}"
+            )
+        if not self.filepath.endswith((".keras", ".weights.h5")):
+            raise ValueError(
+                "`resume=True` needs a `.keras` or `.weights.h5` filepath, which "
+                "hold the optimizer state (legacy `.h5` files do not). "
+                f"Received: filepath={self.filepath}"
+            )
+        regex = _name_regex(self.filepath)
+        if "epoch" not in regex.groupindex:
+            raise ValueError(
+                "`resume=True` needs an `{epoch}` field in the file name of "
+                "`filepath`, to know the epoch to resume from. Received: "
+                f"filepath={self.filepath}"
+            )
+
+    @property
+    def _remote(self) -> bool:
+        return file_utils.is_remote_path(self.filepath)
+
+    def _is_chief(self) -> bool:
+        if self._chief is None:
+            self._chief = cluster.is_chief(self.model.distribute_strategy)
+        return self._chief
+
+    def on_train_begin(self, logs: dict | None = None) -> None:
+        self._chief = None
+        if self._is_chief() and not self._remote:
+            self._prepare_directory(_static_dir(self.filepath))
+        if self.resume:
+            self._restore()
+
+    def on_train_end(self, logs: dict | None = None) -> None:
+        if self._resumed_epoch is not None:
+            # The starting epoch belongs to this run; a later `fit` starts
+            # where its own `initial_epoch` says.
+            self.model._initial_epoch = None
+            self._resumed_epoch = None
+
+    def _prepare_directory(self, directory: str) -> None:
+        """Creates `directory`, checks it is writable, removes stale temp files."""
+        try:
+            os.makedirs(directory, exist_ok=True)
+            fd, probe = tempfile.mkstemp(prefix=TEMP_PREFIX, dir=directory)
+            os.close(fd)
+            os.remove(probe)
+        except OSError as error:
+            raise OSError(
+                "ChiefCheckpoint cannot write to the checkpoint directory "
+                f"{directory!r} ({error}). Received: filepath={self.filepath}"
+            ) from error
+        for name in os.listdir(directory):
+            if name.startswith(TEMP_PREFIX):
+                _remove_quietly(os.path.join(directory, name))
+
+    def _restore(self) -> None:
+        path = latest_checkpoint(self.filepath)
+        if path is None:
+            return
+        model = self.model
+        if not model.built:
+            raise ValueError(
+                "`resume=True` needs a built model, to load the checkpoint into. "
+                f"Received: unbuilt model {model.name!r}"
+            )
+        if model.optimizer is not None and not model.optimizer.built:
+            model.optimizer.build(model.trainable_variables)
+        model.load_weights(path)
+        self._resumed_epoch = checkpoint_epoch(path, self.filepath)
+        # `fit` starts from `model._initial_epoch` when it is set after
+        # `on_train_begin`; `keras.callbacks.BackupAndRestore` relies on it too.
+        model._initial_epoch = self._resumed_epoch
+        if self.verbose > 0:
+            io_utils.print_msg(
+                f"Resuming from {path}: training starts at epoch "
+                f"{self._resumed_epoch + 1}"
+            )
+
+    def _save_model(self, epoch: int, batch: int | None, logs: dict | None) -> None:
+        filepath = self._get_file_path(epoch, batch, logs)
+        if not self._should_save_model(epoch, batch, logs, filepath):
+            return
+        if not self._is_chief():
+            self._save_and_discard(filepath)
+        elif self._remote:
+            self._save_to(filepath)
+        else:
+            self._save_atomically(filepath)
+        if self.verbose > 0 and self._is_chief():
+            io_utils.print_msg(
+                f"\nEpoch {epoch + 1}: finished saving model to {filepath}"
+            )
+
+    def _save_to(self, path: str) -> None:
+        if self.save_weights_only:
+            self.model.save_weights(path, overwrite=True)
+        else:
+            self.model.save(path, overwrite=True)
+
+    def _save_atomically(self, filepath: str) -> None:
+        if os.path.isdir(filepath):
+            raise IsADirectoryError(
+                "Please specify a non-directory filepath for ChiefCheckpoint. "
+                f"Filepath used is an existing directory: {filepath}"
+            )
+        directory = os.path.dirname(filepath) or os.curdir
+        try:
+            os.makedirs(directory, exist_ok=True)
+        except OSError as error:
+            raise _write_error("create the directory of", filepath, error) from error
+        name = f"{TEMP_PREFIX}{uuid.uuid4().hex[:12]}-{os.path.basename(filepath)}"
+        temp = os.path.join(directory, name)
+        try:
+            self._save_to(temp)
+            _fsync(temp)
+            os.replace(temp, filepath)
+        except OSError as error:
+            _remove_quietly(temp)
+            raise _write_error("write the checkpoint", filepath, error) from error
+        except BaseException:
+            _remove_quietly(temp)
+            raise
+        _fsync(directory, directory=True)
+
+    def _save_and_discard(self, filepath: str) -> None:
+        try:
+            worker = str(cluster.worker_index())
+        except ValueError:
+            worker = "x"
+        temp_dir = tempfile.mkdtemp(prefix=f"kerastower-worker{worker}-")
+        try:
+            self._save_to(os.path.join(temp_dir, os.path.basename(filepath)))
+        except OSError as error:
+            raise _write_error(
+                f"save into the temporary directory of non-chief worker {worker}, for",
+                filepath,
+                error,
+            ) from error
+        finally:
+            shutil.rmtree(temp_dir, ignore_errors=True)

@@ -65,7 +65,9 @@ def configure_logical_devices(n: int, device_type: str = "CPU") -> list[str]:
             "`configure_logical_devices` before any TensorFlow operation. "
             f"Received: n={n}"
         ) from error
-    return [d.name for d in tf.config.list_logical_devices(device_type)]
+    # Listing logical devices would start the runtime, which must stay
+    # unstarted for `MultiWorkerMirroredStrategy` to set up its cluster.
+    return [f"/device:{device_type}:{i}" for i in range(n)]
 
 
 def available_devices() -> list[str]:

@@ -14,6 +14,7 @@ from keras.src.models.functional import Functional
 from keras.src.models.model import Trainer, functional_init_arguments
 from keras.src.trainers.data_adapters import data_adapter_utils
 
+from kerastower import cluster, multi_worker
 from kerastower import devices as devices_lib
 from kerastower.splitting import tensor_split_sizes
 from kerastower.strategy import TowerStrategy
@@ -75,6 +76,17 @@ def _local_results(strategy: tf.distribute.Strategy, outputs: Any) -> list[Any]:
         tf.nest.pack_sequence_as(outputs, [leaf[i] for leaf in flat])
         for i in range(towers)
     ]
+
+
+class _BroadcastFromChief(keras.callbacks.Callback):
+    """Starts every worker from the chief's weights and optimizer state."""
+
+    def on_train_begin(self, logs=None):
+        model = self.model
+        multi_worker.broadcast_from_chief(
+            model._worker_strategy,
+            list(model.variables) + list(model.optimizer.variables),
+        )
 
 
 @keras.saving.register_keras_serializable(package="kerastower")
@@ -156,11 +168,20 @@ class TowerModel(keras.Model):
         *args: Any,
         towers: int | Sequence[str] | None = None,
         sync_batch_norm: bool = True,
+        strategy: tf.distribute.Strategy | None = None,
         **kwargs: Any,
     ):
         self._tower_devices = devices_lib.resolve_towers(towers)
         self._towers_arg = list(towers) if isinstance(towers, (list, tuple)) else towers
         self.sync_batch_norm = bool(sync_batch_norm)
+        if strategy is not None and not isinstance(strategy, tf.distribute.Strategy):
+            raise ValueError(
+                "`strategy` must be a tf.distribute.MultiWorkerMirroredStrategy "
+                f"or None. Received: strategy={strategy!r}"
+            )
+        if strategy is None and cluster.is_multi_worker():
+            strategy = multi_worker.worker_strategy()
+        self._worker_strategy = strategy
         if isinstance(self, Functional):
             Trainer.__init__(self)
             Functional.__init__(self, *args, **kwargs)
@@ -187,6 +208,13 @@ class TowerModel(keras.Model):
         return list(self._tower_devices)
 
     @property
+    def num_workers(self) -> int:
+        """The number of workers (machines) training together; 1 by default."""
+        if self._worker_strategy is None:
+            return 1
+        return multi_worker.num_workers_of(self._worker_strategy)
+
+    @property
     def tower_strategy(self) -> TowerStrategy:
         """The `tf.distribute` strategy that runs the towers."""
         if self._tower_strategy is None:
@@ -199,7 +227,9 @@ class TowerModel(keras.Model):
         return super()._resolve_auto_jit_compile()
 
     def _maybe_symbolic_build(self, iterator=None, data_batch=None):
-        if self.num_towers == 1 or self._distribute_strategy is not None:
+        if self._distribute_strategy is not None or (
+            self.num_towers == 1 and self.num_workers == 1
+        ):
             return super()._maybe_symbolic_build(iterator, data_batch)
         # Keras defers building loss and metric state to the first trace,
         # which for towers would happen inside the tower strategy.
@@ -227,6 +257,35 @@ class TowerModel(keras.Model):
             if real_metrics:
                 compile_loss._metrics = real_metrics
 
+    def _global_batch_size(self, batch: tf.Tensor) -> tf.Tensor:
+        """The batch size summed over workers, as float32."""
+        return self._sum_over_workers(tf.cast(batch, tf.float32))
+
+    def _sum_over_workers(self, values):
+        if self.num_workers == 1:
+            return values
+        return multi_worker.all_reduce_sum(self._worker_strategy, values)
+
+    def _metric_results_over_workers(self, update_metrics):
+        """Runs `update_metrics` and makes every metric count all workers.
+
+        Keras metrics keep additive state (totals and counts), so summing each
+        worker's change of state gives the state of one metric fed every
+        worker's examples.
+        """
+        if self.num_workers == 1:
+            return update_metrics()
+        variables = [v for m in self.metrics for v in m.variables]
+        before = [tf.identity(v) for v in variables]
+        with tf.control_dependencies(before):
+            update_metrics()
+        deltas = [v - b for v, b in zip(variables, before)]
+        for variable, old, delta in zip(
+            variables, before, self._sum_over_workers(deltas)
+        ):
+            variable.assign(old + delta)
+        return self.get_metrics_result()
+
     def _run_towers(self, tower_fn, data):
         """Splits `data` and runs `tower_fn(shard, weight, recorders)` per tower."""
         batch = tf.shape(_first_leaf(data))[0]
@@ -235,7 +294,7 @@ class TowerModel(keras.Model):
         sizes = tf.compat.v1.placeholder_with_default(
             tensor_split_sizes(batch, self.num_towers), [self.num_towers]
         )
-        weights = tf.cast(sizes, tf.float32) / tf.cast(batch, tf.float32)
+        weights = tf.cast(sizes, tf.float32) / self._global_batch_size(batch)
         shards = _split(data, sizes, self.num_towers)
         strategy = self.tower_strategy
         inputs = strategy.experimental_distribute_values_from_function(
@@ -266,11 +325,12 @@ class TowerModel(keras.Model):
 
     def _update_loss_metrics(self, per_tower_outputs, y_pred):
         batch_dim = _first_leaf(y_pred).shape[0]
-        real = (
-            self._compile_loss._metrics if getattr(self, "_compile_loss", None) else []
-        )
-        for k, metric in enumerate(real or []):
-            value = tf.add_n([out[k] for out in per_tower_outputs])
+        compile_loss = getattr(self, "_compile_loss", None)
+        metrics = getattr(compile_loss, "_metrics", None) or []
+        values = [
+            tf.add_n([out[k] for out in per_tower_outputs]) for k in range(len(metrics))
+        ]
+        for metric, value in zip(metrics, self._sum_over_workers(values)):
             metric.update_state(value, sample_weight=batch_dim)
 
     def _check_optimizer(self):
@@ -326,12 +386,12 @@ class TowerModel(keras.Model):
     def train_step(self, data):
         self._check_optimizer()
         accumulator = getattr(self, "_gradient_accumulator", None)
-        if self.num_towers == 1 and accumulator is None:
+        if self.num_towers == 1 and accumulator is None and self.num_workers == 1:
             with tf.device(self._tower_devices[0]):
                 return super().train_step(data)
         x, y, sample_weight = data_adapter_utils.unpack_x_y_sample_weight(data)
         trainable = self.trainable_weights
-        if self.num_towers == 1:
+        if self.num_towers == 1 and self.num_workers == 1:
             with tf.device(self._tower_devices[0]):
                 gradients, loss, y_pred = self._one_device_gradients(
                     x, y, sample_weight, trainable
@@ -341,7 +401,14 @@ class TowerModel(keras.Model):
                 x, y, sample_weight, trainable
             )
         batch_size = tf.shape(_first_leaf(x))[0]
-        self._loss_tracker.update_state(loss, sample_weight=batch_size)
+        if self.num_workers > 1:
+            connected = [j for j, g in enumerate(gradients) if g is not None]
+            summed = self._sum_over_workers(
+                [loss] + [tf.convert_to_tensor(gradients[j]) for j in connected]
+            )
+            loss = summed[0]
+            for j, grad in zip(connected, summed[1:]):
+                gradients[j] = grad
         if not trainable:
             warnings.warn(
                 "The model does not have any trainable weights.", stacklevel=2
@@ -350,10 +417,15 @@ class TowerModel(keras.Model):
             accumulator.accumulate(gradients, batch_size, self.optimizer)
         else:
             self.optimizer.apply_gradients(zip(gradients, trainable))
-        return self.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
+
+        def update_metrics():
+            self._loss_tracker.update_state(loss, sample_weight=batch_size)
+            return self.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
+
+        return self._metric_results_over_workers(update_metrics)
 
     def test_step(self, data):
-        if self.num_towers == 1:
+        if self.num_towers == 1 and self.num_workers == 1:
             with tf.device(self._tower_devices[0]):
                 return super().test_step(data)
         x, y, sample_weight = data_adapter_utils.unpack_x_y_sample_weight(data)
@@ -370,11 +442,17 @@ class TowerModel(keras.Model):
             return loss, y_pred, per_output
 
         per_tower = self._run_towers(tower_fn, (x, y, sample_weight))
-        loss = tf.add_n([t[0] for t in per_tower])
+        loss = self._sum_over_workers(tf.add_n([t[0] for t in per_tower]))
         y_pred = _concat([t[1] for t in per_tower])
-        self._loss_tracker.update_state(loss, sample_weight=tf.shape(_first_leaf(x))[0])
         self._update_loss_metrics([t[2] for t in per_tower], y_pred)
-        return self.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
+
+        def update_metrics():
+            self._loss_tracker.update_state(
+                loss, sample_weight=tf.shape(_first_leaf(x))[0]
+            )
+            return self.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
+
+        return self._metric_results_over_workers(update_metrics)
 
     def predict_step(self, data):
         if self.num_towers == 1:
@@ -388,6 +466,14 @@ class TowerModel(keras.Model):
             return self(shard)
 
         return _concat(self._run_towers(tower_fn, x))
+
+    def fit(self, *args, **kwargs):
+        if self.num_workers > 1:
+            # Last, so that it runs after BackupAndRestore or a resuming
+            # checkpoint callback has loaded the chief's state.
+            callbacks = list(kwargs.pop("callbacks", None) or [])
+            kwargs["callbacks"] = callbacks + [_BroadcastFromChief()]
+        return super().fit(*args, **kwargs)
 
     def get_config(self) -> dict[str, Any]:
         config = super().get_config()

@@ -1,0 +1,123 @@
+"""Cross-worker reductions over TensorFlow's `MultiWorkerMirroredStrategy`.
+
+Within a worker, `TowerModel` splits its local batch over its local towers.
+Across workers it uses the collective all-reduce of a
+`tf.distribute.MultiWorkerMirroredStrategy`, TensorFlow's own multi-worker
+engine: the global batch size, the gradients and the metric updates are summed
+over workers, so every worker applies the same update to the same weights.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import tensorflow as tf
+
+from kerastower import cluster
+
+DEFAULT_TIMEOUT_SECONDS = 600.0
+_STRATEGY: tf.distribute.Strategy | None = None
+
+
+def worker_strategy(
+    timeout_seconds: float | None = None,
+) -> tf.distribute.MultiWorkerMirroredStrategy:
+    """Returns this process's `MultiWorkerMirroredStrategy`, made once.
+
+    Call it early, after `configure_logical_devices` and before building the
+    model, on every worker: TensorFlow sets up the cluster (from `TF_CONFIG`)
+    when the strategy is made. `TowerModel` calls it itself when `TF_CONFIG`
+    names two or more workers.
+
+    Args:
+        timeout_seconds: How long a collective operation may wait for the other
+            workers before failing, so that a dead worker stops the others
+            with an error instead of a hang. Defaults to 600 seconds.
+
+    Returns:
+        The strategy; the same object on every call.
+
+    Raises:
+        ValueError: If `timeout_seconds` is not positive or `TF_CONFIG` is
+            malformed.
+    """
+    global _STRATEGY
+    if timeout_seconds is not None and not timeout_seconds > 0:
+        raise ValueError(
+            "`timeout_seconds` must be > 0. "
+            f"Received: timeout_seconds={timeout_seconds!r}"
+        )
+    if _STRATEGY is None:
+        cluster.tf_config()  # validates TF_CONFIG with a clear error
+        options = tf.distribute.experimental.CommunicationOptions(
+            timeout_seconds=timeout_seconds or DEFAULT_TIMEOUT_SECONDS
+        )
+        _STRATEGY = tf.distribute.MultiWorkerMirroredStrategy(
+            communication_options=options
+        )
+    return _STRATEGY
+
+
+def num_workers_of(strategy: tf.distribute.Strategy) -> int:
+    """Returns how many workers `strategy` spans (1 for one-machine ones)."""
+    return int(getattr(strategy.extended, "_num_workers", 1))
+
+
+def all_reduce_sum(strategy: tf.distribute.Strategy, values: Any) -> Any:
+    """Sums a nest of tensors over the workers of `strategy` (graph or eager).
+
+    Each worker contributes its value once, even when the strategy has several
+    local replicas (GPUs) per worker.
+
+    Args:
+        strategy: A `MultiWorkerMirroredStrategy`.
+        values: A nest of tensors, the same structure on every worker.
+
+    Returns:
+        The nest of element-wise sums over workers.
+    """
+    local = strategy.num_replicas_in_sync // num_workers_of(strategy)
+
+    def reduce(flat):
+        context = tf.distribute.get_replica_context()
+        first = tf.equal(context.replica_id_in_sync_group % local, 0)
+        mine = [tf.where(first, v, tf.zeros_like(v)) for v in flat]
+        # One all-reduce per dtype: TensorFlow packs each call into one buffer.
+        out = list(mine)
+        for dtype in {v.dtype for v in mine}:
+            where = [i for i, v in enumerate(mine) if v.dtype == dtype]
+            summed = context.all_reduce(
+                tf.distribute.ReduceOp.SUM, [mine[i] for i in where]
+            )
+            for i, value in zip(where, summed):
+                out[i] = value
+        return out
+
+    flat = [tf.convert_to_tensor(v) for v in tf.nest.flatten(values)]
+    summed = strategy.run(reduce, args=(flat,))
+    first = [strategy.experimental_local_results(v)[0] for v in summed]
+    return tf.nest.pack_sequence_as(values, first)
+
+
+def broadcast_from_chief(
+    strategy: tf.distribute.Strategy, variables: list[tf.Variable]
+) -> None:
+    """Gives every worker the chief's values of `variables`.
+
+    Args:
+        strategy: A `MultiWorkerMirroredStrategy`.
+        variables: The same list of variables on every worker.
+    """
+    if not variables:
+        return
+    chief = cluster.worker_index_of(cluster.tf_config()) == 0
+
+    @tf.function
+    def broadcast():
+        mine = [
+            tf.identity(v) if chief else tf.zeros(v.shape, v.dtype) for v in variables
+        ]
+        for variable, value in zip(variables, all_reduce_sum(strategy, mine)):
+            variable.assign(value)
+
+    broadcast()

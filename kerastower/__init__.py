@@ -2,11 +2,12 @@
 
 from importlib.metadata import PackageNotFoundError, version
 
-from kerastower import callbacks, cluster
+from kerastower import callbacks, cluster, multi_worker
 from kerastower.cluster import is_chief, is_multi_worker, num_workers, worker_index
 from kerastower.data import batch_for_towers
 from kerastower.devices import available_devices, configure_logical_devices
 from kerastower.model import TowerModel
+from kerastower.multi_worker import worker_strategy
 from kerastower.scaling import global_batch_size
 from kerastower.splitting import split_sizes
 from kerastower.strategy import TowerStrategy
@@ -28,7 +29,9 @@ __all__ = [
     "global_batch_size",
     "is_chief",
     "is_multi_worker",
+    "multi_worker",
     "num_workers",
     "split_sizes",
     "worker_index",
+    "worker_strategy",
 ]

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import threading
 import warnings
 from collections.abc import Sequence
 from typing import Any
@@ -16,77 +15,16 @@ from keras.src.trainers.data_adapters import data_adapter_utils
 
 from kerastower import cluster, multi_worker
 from kerastower import devices as devices_lib
+from kerastower.sharding import (
+    LossMetricRecorder,
+    concat_nest,
+    first_leaf,
+    local_results,
+    split_nest,
+    sum_gradients,
+)
 from kerastower.splitting import tensor_split_sizes
 from kerastower.strategy import TowerStrategy
-
-
-def _first_leaf(structure: Any) -> tf.Tensor:
-    return next(t for t in tf.nest.flatten(structure) if t is not None)
-
-
-def _split(structure: Any, sizes: tf.Tensor, towers: int) -> list[Any]:
-    """Cuts every batched leaf of `structure` into `towers` contiguous shards."""
-    flat = tf.nest.flatten(structure)
-    pieces = [
-        [None] * towers if t is None else tf.split(t, sizes, num=towers, axis=0)
-        for t in flat
-    ]
-    return [
-        tf.nest.pack_sequence_as(structure, [p[i] for p in pieces])
-        for i in range(towers)
-    ]
-
-
-def _concat(per_tower: Sequence[Any]) -> Any:
-    return tf.nest.map_structure(lambda *shards: tf.concat(shards, axis=0), *per_tower)
-
-
-def _sum_gradients(per_tower: Sequence[Any]) -> Any:
-    if isinstance(per_tower[0], tf.IndexedSlices):
-        return tf.IndexedSlices(
-            tf.concat([g.values for g in per_tower], axis=0),
-            tf.concat([g.indices for g in per_tower], axis=0),
-            per_tower[0].dense_shape,
-        )
-    return tf.add_n(list(per_tower))
-
-
-class _LossMetricRecorder:
-    """Stands in for a per-output loss metric while towers trace.
-
-    Keras updates one `Mean` per output inside `compute_loss`; inside towers
-    that would add one entry per tower. The recorder keeps each tower's value
-    so that `TowerModel` can update the real metric once with the global value.
-    """
-
-    def __init__(self):
-        self.values: dict[int, list[tf.Tensor]] = {}
-
-    def update_state(self, value, sample_weight=None):
-        self.values.setdefault(threading.get_ident(), []).append(value)
-
-    def pop(self) -> list[tf.Tensor]:
-        return self.values.pop(threading.get_ident(), [])
-
-
-def _local_results(strategy: tf.distribute.Strategy, outputs: Any) -> list[Any]:
-    flat = [strategy.experimental_local_results(v) for v in tf.nest.flatten(outputs)]
-    towers = len(flat[0]) if flat else 0
-    return [
-        tf.nest.pack_sequence_as(outputs, [leaf[i] for leaf in flat])
-        for i in range(towers)
-    ]
-
-
-class _BroadcastFromChief(keras.callbacks.Callback):
-    """Starts every worker from the chief's weights and optimizer state."""
-
-    def on_train_begin(self, logs=None):
-        model = self.model
-        multi_worker.broadcast_from_chief(
-            model._worker_strategy,
-            list(model.variables) + list(model.optimizer.variables),
-        )
 
 
 @keras.saving.register_keras_serializable(package="kerastower")
@@ -246,7 +184,7 @@ class TowerModel(keras.Model):
                     layer.synchronized = True
         compile_loss = getattr(self, "_compile_loss", None)
         real_metrics = list(getattr(compile_loss, "_metrics", None) or [])
-        recorders = [_LossMetricRecorder() for _ in real_metrics]
+        recorders = [LossMetricRecorder() for _ in real_metrics]
         if real_metrics:
             compile_loss._metrics = recorders
         try:
@@ -288,14 +226,14 @@ class TowerModel(keras.Model):
 
     def _run_towers(self, tower_fn, data):
         """Splits `data` and runs `tower_fn(shard, weight, recorders)` per tower."""
-        batch = tf.shape(_first_leaf(data))[0]
+        batch = tf.shape(first_leaf(data))[0]
         # Hide the sizes from shape inference: a statically empty shard makes
         # Keras return an unreduced loss of shape (0,).
         sizes = tf.compat.v1.placeholder_with_default(
             tensor_split_sizes(batch, self.num_towers), [self.num_towers]
         )
         weights = tf.cast(sizes, tf.float32) / self._global_batch_size(batch)
-        shards = _split(data, sizes, self.num_towers)
+        shards = split_nest(data, sizes, self.num_towers)
         strategy = self.tower_strategy
         inputs = strategy.experimental_distribute_values_from_function(
             lambda ctx: (
@@ -307,7 +245,7 @@ class TowerModel(keras.Model):
             outputs = strategy.run(
                 lambda args: tower_fn(args[0], args[1], recorders), args=(inputs,)
             )
-        return _local_results(strategy, outputs)
+        return local_results(strategy, outputs)
 
     def _tower_loss(self, x, y, y_pred, sample_weight, weight, recorders, training):
         loss = self._compute_loss(
@@ -324,7 +262,7 @@ class TowerModel(keras.Model):
         return weighted, per_output
 
     def _update_loss_metrics(self, per_tower_outputs, y_pred):
-        batch_dim = _first_leaf(y_pred).shape[0]
+        batch_dim = first_leaf(y_pred).shape[0]
         compile_loss = getattr(self, "_compile_loss", None)
         metrics = getattr(compile_loss, "_metrics", None) or []
         values = [
@@ -376,11 +314,11 @@ class TowerModel(keras.Model):
 
         per_tower = self._run_towers(tower_fn, (x, y, sample_weight))
         loss = tf.add_n([t[1] for t in per_tower])
-        y_pred = _concat([t[2] for t in per_tower])
+        y_pred = concat_nest([t[2] for t in per_tower])
         self._update_loss_metrics([t[3] for t in per_tower], y_pred)
         gradients = [None] * len(trainable)
         for k, j in enumerate(connected):
-            gradients[j] = _sum_gradients([t[0][k] for t in per_tower])
+            gradients[j] = sum_gradients([t[0][k] for t in per_tower])
         return gradients, loss, y_pred
 
     def train_step(self, data):
@@ -400,7 +338,7 @@ class TowerModel(keras.Model):
             gradients, loss, y_pred = self._tower_gradients(
                 x, y, sample_weight, trainable
             )
-        batch_size = tf.shape(_first_leaf(x))[0]
+        batch_size = tf.shape(first_leaf(x))[0]
         if self.num_workers > 1:
             connected = [j for j, g in enumerate(gradients) if g is not None]
             summed = self._sum_over_workers(
@@ -443,12 +381,12 @@ class TowerModel(keras.Model):
 
         per_tower = self._run_towers(tower_fn, (x, y, sample_weight))
         loss = self._sum_over_workers(tf.add_n([t[0] for t in per_tower]))
-        y_pred = _concat([t[1] for t in per_tower])
+        y_pred = concat_nest([t[1] for t in per_tower])
         self._update_loss_metrics([t[2] for t in per_tower], y_pred)
 
         def update_metrics():
             self._loss_tracker.update_state(
-                loss, sample_weight=tf.shape(_first_leaf(x))[0]
+                loss, sample_weight=tf.shape(first_leaf(x))[0]
             )
             return self.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
 
@@ -465,14 +403,14 @@ class TowerModel(keras.Model):
                 return self(shard, training=False)
             return self(shard)
 
-        return _concat(self._run_towers(tower_fn, x))
+        return concat_nest(self._run_towers(tower_fn, x))
 
     def fit(self, *args, **kwargs):
         if self.num_workers > 1:
             # Last, so that it runs after BackupAndRestore or a resuming
             # checkpoint callback has loaded the chief's state.
             callbacks = list(kwargs.pop("callbacks", None) or [])
-            kwargs["callbacks"] = callbacks + [_BroadcastFromChief()]
+            kwargs["callbacks"] = callbacks + [multi_worker.BroadcastFromChief()]
         return super().fit(*args, **kwargs)
 
     def get_config(self) -> dict[str, Any]:

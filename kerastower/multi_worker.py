@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import keras
 import tensorflow as tf
 
 from kerastower import cluster
@@ -121,3 +122,14 @@ def broadcast_from_chief(
             variable.assign(value)
 
     broadcast()
+
+
+class BroadcastFromChief(keras.callbacks.Callback):
+    """Starts every worker from the chief's weights and optimizer state."""
+
+    def on_train_begin(self, logs=None):
+        model = self.model
+        broadcast_from_chief(
+            model._worker_strategy,
+            list(model.variables) + list(model.optimizer.variables),
+        )

@@ -1,0 +1,42 @@
+"""The public API is pinned: adding or removing a name is a decision."""
+
+import re
+
+import kerastower
+import kerastower.callbacks
+
+
+def test_top_level_names():
+    assert sorted(kerastower.__all__) == sorted(
+        [
+            "TowerModel",
+            "TowerStrategy",
+            "__version__",
+            "available_devices",
+            "batch_for_towers",
+            "callbacks",
+            "cluster",
+            "configure_logical_devices",
+            "global_batch_size",
+            "is_chief",
+            "is_multi_worker",
+            "multi_worker",
+            "num_workers",
+            "split_sizes",
+            "worker_index",
+            "worker_strategy",
+        ]
+    )
+    for name in kerastower.__all__:
+        assert hasattr(kerastower, name), name
+
+
+def test_callback_names():
+    for name in kerastower.callbacks.__all__:
+        assert hasattr(kerastower.callbacks, name), name
+    for name in ("BatchScaling", "ChiefCheckpoint", "GradientAccumulation"):
+        assert name in kerastower.callbacks.__all__
+
+
+def test_version_is_a_version():
+    assert re.match(r"^\d+\.\d+\.\d+", kerastower.__version__)

@@ -7,12 +7,14 @@ from kerastower.callbacks.chief_checkpoint import (
     latest_checkpoint,
 )
 from kerastower.callbacks.gradient_accumulation import GradientAccumulation
+from kerastower.callbacks.tower_monitor import TowerMonitor
 
 __all__: list[str] = [
     "BatchScaling",
     "ChiefCheckpoint",
     "GradientAccumulation",
     "ScaledSchedule",
+    "TowerMonitor",
     "checkpoint_epoch",
     "latest_checkpoint",
 ]

@@ -1,0 +1,318 @@
+"""`TowerMonitor`: throughput, step time and per-tower work, logged per epoch."""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from typing import Any
+
+import keras
+import numpy as np
+import tensorflow as tf
+from keras import ops
+
+from kerastower import cluster
+from kerastower.splitting import split_sizes
+
+
+def execution_batch_sizes(
+    examples: int, steps: int, full_batch_size: int | None = None
+) -> list[int]:
+    """Returns the global batch size of each step of one execution.
+
+    Keras calls the batch callbacks once per execution of up to
+    ``steps_per_execution`` steps, so a callback only sees how many examples
+    the execution held in all. `fit` gives every step the full global batch
+    ``F`` except the last step of an epoch, and an execution that reaches the
+    end of the data runs fewer steps than asked; so the execution held
+    ``n = ceil(examples / F)`` steps, ``n - 1`` of ``F`` examples and a last
+    one with the rest. When ``F`` is not known yet (the first execution) or
+    the execution holds more than ``steps * F`` examples, ``F`` is taken as
+    ``ceil(examples / steps)``.
+
+    Example:
+
+    ```python
+    >>> execution_batch_sizes(30, 1)
+    [30]
+    >>> execution_batch_sizes(87, 3, full_batch_size=30)  # the epoch's last
+    [30, 30, 27]
+    >>> execution_batch_sizes(3, 2, full_batch_size=5)    # data ran out
+    [3]
+    ```
+
+    Args:
+        examples: Examples in the execution (all its steps, all towers), an
+            integer >= 0.
+        steps: The most steps the execution can hold (``steps_per_execution``),
+            an integer >= 1.
+        full_batch_size: The full global batch size ``F``, when an earlier
+            execution showed it; ``None`` to infer it. Defaults to ``None``.
+
+    Returns:
+        The global batch size of each step that ran, summing to ``examples``
+        (empty when ``examples`` is 0).
+
+    Raises:
+        ValueError: If `steps` is not an integer >= 1 or `examples` is
+            negative.
+    """
+    if not isinstance(steps, int) or steps < 1:
+        raise ValueError(f"`steps` must be an integer >= 1. Received: steps={steps!r}")
+    if not isinstance(examples, int) or examples < 0:
+        raise ValueError(
+            f"`examples` must be an integer >= 0. Received: examples={examples!r}"
+        )
+    if examples == 0:
+        return []
+    full = full_batch_size
+    if not full or examples > steps * full:
+        full = math.ceil(examples / steps)
+    ran = math.ceil(examples / full)
+    return [full] * (ran - 1) + [examples - (ran - 1) * full]
+
+
+def tower_examples(batch_sizes: list[int], towers: int) -> list[int]:
+    """Returns how many examples each tower processed over some global batches.
+
+    Tower ``i`` gets ``split_sizes(B, N)[i]`` examples of each global batch of
+    ``B`` examples (see `kerastower.split_sizes`), so its total is the sum of
+    those over the batches.
+
+    Example:
+
+    ```python
+    >>> tower_examples([10, 10, 7], 3)   # two batches of 10 and one of 7
+    [11, 9, 7]
+    ```
+
+    Args:
+        batch_sizes: The global batch size of each step.
+        towers: The number of towers ``N``, an integer >= 1.
+
+    Returns:
+        A list of ``N`` totals summing to ``sum(batch_sizes)``.
+    """
+    totals = [0] * towers
+    for batch_size in batch_sizes:
+        for i, size in enumerate(split_sizes(batch_size, towers)):
+            totals[i] += size
+    return totals
+
+
+def _loss_count(model: keras.Model) -> int | None:
+    """Examples the model's ``loss`` metric has counted since its last reset."""
+    metric = next((m for m in model.metrics if m.name == "loss"), None)
+    count = getattr(metric, "count", None)
+    if count is None:
+        return None
+    return round(float(ops.convert_to_numpy(count)))
+
+
+class TowerMonitor(keras.callbacks.Callback):
+    """Logs throughput, step time and each tower's share of the work per epoch.
+
+    At the end of every epoch the callback computes, for this worker:
+
+    - ``examples``: the training examples of the epoch, all towers together,
+      counted exactly (from the model's ``loss`` metric, which counts the
+      examples of every global batch);
+    - ``steps``: the training steps (global batches) of the epoch;
+    - ``examples_per_second``: ``examples / t`` and ``step_time``: ``t / steps``
+      (seconds), where ``t`` is the wall time from the start of the epoch to
+      the end of its last training step (validation excluded). The first
+      epoch includes tracing the step function;
+    - ``global_batch_size``: the largest global batch ``B`` of the epoch;
+    - ``per_tower_batch_size``: how `TowerModel` splits ``B`` over the ``N``
+      towers, ``split_sizes(B, N)``: for ``B = 10`` and ``N = 3``,
+      ``[4, 3, 3]``;
+    - ``tower_examples``: the examples each tower processed in the epoch, the
+      sum of its shares of every global batch (the last, short batch
+      included);
+    - ``imbalance``: ``max(tower_examples) / mean(tower_examples) - 1``, 0 when
+      every tower did the same work;
+    - ``learning_rate``: the optimizer's learning rate at the end of the epoch;
+    - ``peak_memory_mb`` per tower, on GPUs only (TensorFlow tracks no device
+      memory on CPUs): each tower device's peak memory during the epoch.
+
+    The scalars ``examples_per_second`` and ``step_time`` are added to the
+    epoch logs (so `History`, `CSVLogger` and the progress bar show them when
+    they come after this callback); every value is kept in `history`, one
+    dict per epoch. With `log_dir`, the values are written with `tf.summary`
+    for TensorBoard, step = epoch: the run ``<log_dir>/towers`` holds
+    ``towers/examples_per_second``, ``towers/step_time_ms``,
+    ``towers/examples``, ``towers/steps``, ``towers/global_batch_size``,
+    ``towers/imbalance`` and ``towers/learning_rate``; one run per tower,
+    ``<log_dir>/towers/tower_<i>``, holds ``tower/examples``,
+    ``tower/batch_size``, ``tower/examples_per_second`` and (GPUs)
+    ``tower/peak_memory_mb``, so TensorBoard draws one line per tower in each
+    of those charts. On a worker other than the chief of a multi-worker
+    cluster (see `kerastower.cluster`) the runs go under
+    ``<log_dir>/worker_<index>`` instead.
+
+    A plain `keras.Model` counts as one tower. With ``steps_per_execution >
+    1`` the callback sees whole executions; it takes every step but the last
+    of an epoch to hold the full global batch, as `fit` batches arrays and
+    datasets (see `execution_batch_sizes`).
+
+    Example:
+
+    ```python
+    monitor = kerastower.callbacks.TowerMonitor("logs")
+    model.fit(x, y, batch_size=30, epochs=3, callbacks=[monitor])
+    monitor.history[-1]["per_tower_batch_size"]   # [8, 8, 7, 7] on 4 towers
+    # tensorboard --logdir logs
+    ```
+
+    Args:
+        log_dir: Directory for the TensorBoard event files, or ``None`` to
+            keep the values in the logs and `history` only. Defaults to
+            ``None``.
+
+    Raises:
+        ValueError: If `log_dir` is not ``None`` or a path; at the first
+            training step, if the model has no ``loss`` metric that counts
+            examples (a custom `train_step` that does not update it).
+    """
+
+    def __init__(self, log_dir: str | os.PathLike | None = None):
+        super().__init__()
+        if log_dir is not None and not isinstance(log_dir, (str, os.PathLike)):
+            raise ValueError(
+                f"`log_dir` must be None or a path. Received: log_dir={log_dir!r}"
+            )
+        self.log_dir = None if log_dir is None else os.fspath(log_dir)
+        self.history: list[dict[str, Any]] = []
+        self._writers: dict[str, Any] = {}
+        self._towers = 1
+        self._devices: list[str] = []
+        self._full_batch: int | None = None
+
+    @property
+    def run_dir(self) -> str | None:
+        """The directory this worker's runs are written under, or ``None``."""
+        if self.log_dir is None:
+            return None
+        if cluster.is_chief():
+            return self.log_dir
+        return os.path.join(self.log_dir, f"worker_{cluster.worker_index()}")
+
+    def on_train_begin(self, logs=None):
+        self._towers = int(getattr(self.model, "num_towers", 1))
+        self._devices = list(getattr(self.model, "tower_devices", []))
+        self._full_batch = None
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._start = time.perf_counter()
+        self._end = self._start
+        self._batch_sizes: list[int] = []
+        self._counted = 0
+        self._last_batch = -1
+        self._memory = self._memory_devices()
+        for device in self._memory:
+            tf.config.experimental.reset_memory_stats(device)
+
+    def on_train_batch_end(self, batch, logs=None):
+        count = _loss_count(self.model)
+        if count is None:
+            raise ValueError(
+                "`TowerMonitor` counts examples with the model's `loss` "
+                "metric, which this model does not have (does a custom "
+                "`train_step` skip it?). Received: metrics="
+                f"{[m.name for m in self.model.metrics]}"
+            )
+        self._end = time.perf_counter()
+        examples = count - self._counted
+        steps = batch - self._last_batch
+        self._counted, self._last_batch = count, batch
+        sizes = execution_batch_sizes(examples, steps, self._full_batch)
+        self._full_batch = max(self._full_batch or 0, *sizes)
+        self._batch_sizes.extend(sizes)
+
+    def on_epoch_end(self, epoch, logs=None):
+        if not self._batch_sizes:
+            return
+        seconds = max(self._end - self._start, 1e-9)
+        examples = sum(self._batch_sizes)
+        steps = len(self._batch_sizes)
+        largest = max(self._batch_sizes)
+        per_tower = tower_examples(self._batch_sizes, self._towers)
+        mean = examples / self._towers
+        record = {
+            "epoch": epoch,
+            "examples": examples,
+            "steps": steps,
+            "seconds": seconds,
+            "examples_per_second": examples / seconds,
+            "step_time": seconds / steps,
+            "global_batch_size": largest,
+            "per_tower_batch_size": split_sizes(largest, self._towers),
+            "tower_examples": per_tower,
+            "imbalance": max(per_tower) / mean - 1 if mean else 0.0,
+            "learning_rate": self._learning_rate(),
+        }
+        if self._memory:
+            record["peak_memory_mb"] = [
+                tf.config.experimental.get_memory_info(d)["peak"] / 2**20
+                for d in self._memory
+            ]
+        self.history.append(record)
+        if logs is not None:
+            logs["examples_per_second"] = record["examples_per_second"]
+            logs["step_time"] = record["step_time"]
+        if self.log_dir is not None:
+            self._write(record)
+
+    def on_train_end(self, logs=None):
+        for writer in self._writers.values():
+            writer.close()
+        self._writers = {}
+
+    def _learning_rate(self) -> float | None:
+        optimizer = getattr(self.model, "optimizer", None)
+        try:
+            return float(ops.convert_to_numpy(optimizer.learning_rate))
+        except (AttributeError, TypeError, ValueError):
+            return None
+
+    def _memory_devices(self) -> list[str]:
+        devices = self._devices if len(self._devices) == self._towers else []
+        if not devices or any("GPU" not in d.upper() for d in devices):
+            return []
+        return devices
+
+    def _writer(self, name: str):
+        if name not in self._writers:
+            path = os.path.join(self.run_dir, *name.split("/"))
+            self._writers[name] = tf.summary.create_file_writer(path)
+        return self._writers[name]
+
+    def _write(self, record: dict[str, Any]) -> None:
+        epoch = record["epoch"]
+        scalars = {
+            "examples_per_second": record["examples_per_second"],
+            "step_time_ms": record["step_time"] * 1000.0,
+            "examples": record["examples"],
+            "steps": record["steps"],
+            "global_batch_size": record["global_batch_size"],
+            "imbalance": record["imbalance"],
+        }
+        if record["learning_rate"] is not None:
+            scalars["learning_rate"] = record["learning_rate"]
+        with self._writer("towers").as_default(step=epoch):
+            for name, value in scalars.items():
+                tf.summary.scalar(f"towers/{name}", value)
+        for i in range(self._towers):
+            tower = {
+                "examples": record["tower_examples"][i],
+                "batch_size": record["per_tower_batch_size"][i],
+                "examples_per_second": record["tower_examples"][i] / record["seconds"],
+            }
+            if "peak_memory_mb" in record:
+                tower["peak_memory_mb"] = record["peak_memory_mb"][i]
+            with self._writer(f"towers/tower_{i}").as_default(step=epoch):
+                for name, value in tower.items():
+                    tf.summary.scalar(f"tower/{name}", np.float32(value))
+        for writer in self._writers.values():
+            writer.flush()

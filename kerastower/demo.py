@@ -1,0 +1,260 @@
+"""The demo behind ``kerastower demo``: digits on towers against one device.
+
+The oracle is the same convnet, from the same initial weights, trained as a
+plain `keras.Model` on one device on the same batches in the same order
+(``shuffle=False`` on data shuffled once with the seed). The towers are exact
+when the largest difference between the two runs' weights stays at float32
+rounding level.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from kerastower.callbacks.tower_monitor import TowerMonitor
+from kerastower.model import TowerModel
+from kerastower.splitting import split_sizes
+
+
+def load_digits(seed: int = 0, test_size: int = 360):
+    """Returns ``(x_train, y_train), (x_test, y_test)`` from scikit-learn's digits.
+
+    The 1,797 8x8 images ship with scikit-learn, so nothing is downloaded.
+    Pixels are scaled to ``[0, 1]`` and shaped ``(8, 8, 1)``; the order is
+    shuffled once with `seed` before the split.
+
+    Args:
+        seed: Seed of the shuffle. Defaults to 0.
+        test_size: Images held out for testing. Defaults to 360, which leaves
+            1,437 for training: 47 batches of 30 and a last one of 27.
+
+    Returns:
+        Two ``(images, labels)`` pairs of float32 and int32 arrays.
+
+    Raises:
+        ImportError: If scikit-learn is not installed (``pip install
+            "kerastower[demo]"``).
+    """
+    try:
+        from sklearn.datasets import load_digits as sklearn_digits
+    except ImportError as error:  # pragma: no cover - depends on the install
+        raise ImportError(
+            "The demo needs scikit-learn for its bundled digits: "
+            'pip install "kerastower[demo]"'
+        ) from error
+    digits = sklearn_digits()
+    x = (digits.images / 16.0).astype("float32")[..., None]
+    y = digits.target.astype("int32")
+    order = np.random.default_rng(seed).permutation(len(x))
+    x, y = x[order], y[order]
+    cut = len(x) - test_size
+    return (x[:cut], y[:cut]), (x[cut:], y[cut:])
+
+
+def build_convnet(seed: int = 0) -> keras.Model:
+    """Returns the demo's small convnet for 8x8 digits, seeded.
+
+    Two 3x3 convolutions (the first followed by `BatchNormalization`, which
+    `TowerModel` synchronises over the towers), max pooling and two dense
+    layers: about 40,000 weights.
+
+    Args:
+        seed: Seed of the initial weights. Defaults to 0.
+
+    Returns:
+        A plain functional `keras.Model`, not compiled.
+    """
+    keras.utils.set_random_seed(seed)
+    inputs = keras.Input((8, 8, 1))
+    h = keras.layers.Conv2D(16, 3, padding="same", activation="relu")(inputs)
+    h = keras.layers.BatchNormalization()(h)
+    h = keras.layers.Conv2D(32, 3, padding="same", activation="relu")(h)
+    h = keras.layers.MaxPooling2D()(h)
+    h = keras.layers.Flatten()(h)
+    h = keras.layers.Dense(64, activation="relu")(h)
+    outputs = keras.layers.Dense(10, activation="softmax")(h)
+    return keras.Model(inputs, outputs, name="digits_convnet")
+
+
+def _compile(model: keras.Model) -> None:
+    model.compile(
+        optimizer=keras.optimizers.Adam(1e-3),
+        loss="sparse_categorical_crossentropy",
+        metrics=["accuracy"],
+    )
+
+
+def max_weight_difference(a: keras.Model, b: keras.Model) -> float:
+    """Returns ``max |w_a - w_b|`` over all weights of two same-shaped models."""
+    return max(
+        float(np.max(np.abs(u - v))) if u.size else 0.0
+        for u, v in zip(a.get_weights(), b.get_weights(), strict=True)
+    )
+
+
+@dataclass
+class DemoResult:
+    """What the demo measured, for the report."""
+
+    devices: list[str]
+    train_examples: int
+    test_examples: int
+    batch_size: int
+    epoch_seconds: list[float]
+    one_device_epoch_seconds: list[float]
+    tower_examples: list[int]
+    train_accuracy: float
+    test_accuracy: float
+    one_device_test_accuracy: float
+    max_weight_difference: float
+    weight_tensors: int
+    tolerance: float
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def exact(self) -> bool:
+        return self.max_weight_difference <= self.tolerance
+
+
+def _seconds(values: list[float]) -> str:
+    return ", ".join(f"{v:.2f}" for v in values) + " s"
+
+
+def format_report(result: DemoResult) -> str:
+    """Returns the demo's report as text."""
+    towers = len(result.devices)
+    gpus = all("GPU" in d.upper() for d in result.devices)
+    kind = "GPU" if gpus else "logical CPU"
+    batch = result.batch_size
+    last = result.train_examples % batch
+    lines = [
+        "",
+        "kerastower demo: a small convnet on scikit-learn's digits "
+        f"({result.train_examples} training, {result.test_examples} test images, "
+        "8x8)",
+        "",
+        f"Towers        {towers} x {kind}: {', '.join(result.devices)}",
+        f"Batches       global batch {batch} -> per tower {split_sizes(batch, towers)}",
+    ]
+    if last:
+        lines.append(
+            f"              last batch of each epoch {last} -> per tower "
+            f"{split_sizes(last, towers)}"
+        )
+    lines += [
+        f"              examples per tower per epoch: {result.tower_examples}",
+        f"Accuracy      train {result.train_accuracy:.3f}, test "
+        f"{result.test_accuracy:.3f} (one device: test "
+        f"{result.one_device_test_accuracy:.3f})",
+        f"Time/epoch    towers: {_seconds(result.epoch_seconds)} (the first "
+        "includes tracing)",
+        f"              one device: {_seconds(result.one_device_epoch_seconds)}",
+    ]
+    if not gpus:
+        lines.append(
+            "              (logical CPUs share the same cores: they show the "
+            "splitting, not a speed-up)"
+        )
+    verdict = (
+        "same model as one device"
+        if result.exact
+        else f"DIFFERENT from one device (tolerance {result.tolerance:g})"
+    )
+    lines += [
+        f"Exactness     max |w_towers - w_one_device| = "
+        f"{result.max_weight_difference:.1e} over {result.weight_tensors} "
+        f"weight tensors: {verdict}",
+        *result.notes,
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def run(
+    devices: list[str],
+    epochs: int = 3,
+    batch_size: int = 30,
+    seed: int = 0,
+    log_dir: str | None = None,
+    tolerance: float = 1e-4,
+    verbose: int = 1,
+) -> int:
+    """Trains the convnet on `devices` and on one device, prints the report.
+
+    Args:
+        devices: The tower devices, already configured.
+        epochs: Epochs of training. Defaults to 3.
+        batch_size: The global batch size (all towers together). Defaults to
+            30.
+        seed: Seed of the data order and the initial weights. Defaults to 0.
+        log_dir: Where `TowerMonitor` writes TensorBoard logs, or ``None``.
+            Defaults to ``None``.
+        tolerance: The largest weight difference accepted as exact. Defaults
+            to 1e-4.
+        verbose: `fit`'s verbosity for the tower run. Defaults to 1.
+
+    Returns:
+        0 when the towers match one device within `tolerance`, else 1.
+    """
+    (x, y), (x_test, y_test) = load_digits(seed)
+    plain = build_convnet(seed)
+    model = TowerModel.from_model(build_convnet(seed), towers=devices)
+    model.set_weights(plain.get_weights())
+    _compile(model)
+    _compile(plain)
+
+    print(
+        f"Training on {len(devices)} towers ({', '.join(devices)}), global batch "
+        f"{batch_size} -> per tower {split_sizes(batch_size, len(devices))}",
+        flush=True,
+    )
+    monitor = TowerMonitor(log_dir)
+    model.fit(
+        x,
+        y,
+        batch_size=batch_size,
+        epochs=epochs,
+        shuffle=False,
+        verbose=verbose,
+        callbacks=[monitor],
+    )
+    print("Training the same model on one device for comparison ...", flush=True)
+    one_device = TowerMonitor()
+    with tf.device(devices[0]):
+        plain.fit(
+            x,
+            y,
+            batch_size=batch_size,
+            epochs=epochs,
+            shuffle=False,
+            verbose=0,
+            callbacks=[one_device],
+        )
+    train_accuracy = model.evaluate(x, y, batch_size=256, verbose=0)[1]
+    test_accuracy = model.evaluate(x_test, y_test, batch_size=256, verbose=0)[1]
+    plain_test = plain.evaluate(x_test, y_test, batch_size=256, verbose=0)[1]
+    notes = []
+    if log_dir:
+        notes.append(f"TensorBoard   tensorboard --logdir {log_dir}")
+    result = DemoResult(
+        devices=list(devices),
+        train_examples=len(x),
+        test_examples=len(x_test),
+        batch_size=batch_size,
+        epoch_seconds=[r["seconds"] for r in monitor.history],
+        one_device_epoch_seconds=[r["seconds"] for r in one_device.history],
+        tower_examples=monitor.history[-1]["tower_examples"],
+        train_accuracy=float(train_accuracy),
+        test_accuracy=float(test_accuracy),
+        one_device_test_accuracy=float(plain_test),
+        max_weight_difference=max_weight_difference(model, plain),
+        weight_tensors=len(model.get_weights()),
+        tolerance=tolerance,
+        notes=notes,
+    )
+    print(format_report(result), flush=True)
+    return 0 if result.exact else 1

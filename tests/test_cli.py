@@ -1,0 +1,107 @@
+"""The `kerastower` command: the README's demo and the device listing."""
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from kerastower import cli
+from kerastower.demo import DemoResult, format_report
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run(*args, timeout=240):
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+    env["PYTHONPATH"] = os.pathsep.join(
+        filter(None, [str(ROOT), env.get("PYTHONPATH")])
+    )
+    env.pop("TF_CONFIG", None)
+    return subprocess.run(
+        args, capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT
+    )
+
+
+def test_demo_trains_over_towers_and_matches_one_device():
+    result = run(
+        sys.executable,
+        "-m",
+        "kerastower",
+        "demo",
+        "--towers",
+        "3",
+        "--batch-size",
+        "40",
+        "--epochs",
+        "1",
+    )
+    out = result.stdout
+    assert result.returncode == 0, out + result.stderr
+    assert "36/36" in out  # Keras's progress bar: 36 steps
+    assert "3 x logical CPU" in out
+    # 1,437 training images: 35 batches of 40 = [14, 13, 13], one of 37.
+    assert "global batch 40 -> per tower [14, 13, 13]" in out
+    assert "last batch of each epoch 37 -> per tower [13, 12, 12]" in out
+    assert "examples per tower per epoch: [503, 467, 467]" in out
+    accuracy = re.search(r"Accuracy +train ([0-9.]+), test ([0-9.]+)", out)
+    assert accuracy and float(accuracy.group(2)) > 0.5
+    difference = re.search(r"max \|w_towers - w_one_device\| = (\S+)", out)
+    assert difference, out
+    assert float(difference.group(1)) < 1e-5
+    assert "same model as one device" in out
+
+
+def test_devices_lists_the_towers():
+    result = run(sys.executable, "-m", "kerastower", "devices", "--towers", "3")
+    assert result.returncode == 0, result.stderr
+    assert "TowerModel(towers=3) would use 3 logical CPUs" in result.stdout
+    for i in range(3):
+        assert f"tower {i}  /device:CPU:{i}" in result.stdout
+
+
+def test_console_script_lists_the_devices():
+    script = Path(sys.executable).with_name("kerastower")
+    if not script.exists():
+        pytest.skip(
+            "the `kerastower` console script is not installed (pip install -e .)"
+        )
+    result = run(str(script), "devices")
+    assert result.returncode == 0, result.stderr
+    assert "TowerModel(towers=1) would use 1 CPU" in result.stdout
+    assert "  tower 0  /device:CPU:0" in result.stdout
+
+
+def test_usage_errors():
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["demo", "--towers", "0"])
+    assert exit_info.value.code == 2
+    with pytest.raises(SystemExit):
+        cli.main(["demo", "--epochs", "two"])
+    # No GPU here: refused before any TensorFlow work.
+    assert cli.main(["demo", "--device", "gpu"]) == 2
+
+
+def test_report_flags_a_run_that_is_not_exact():
+    result = DemoResult(
+        devices=["/device:CPU:0", "/device:CPU:1", "/device:CPU:2"],
+        train_examples=23,
+        test_examples=5,
+        batch_size=10,
+        epoch_seconds=[1.0],
+        one_device_epoch_seconds=[0.5],
+        tower_examples=[9, 7, 7],
+        train_accuracy=0.5,
+        test_accuracy=0.4,
+        one_device_test_accuracy=0.4,
+        max_weight_difference=3e-2,
+        weight_tensors=4,
+        tolerance=1e-4,
+    )
+    report = format_report(result)
+    assert not result.exact
+    assert "global batch 10 -> per tower [4, 3, 3]" in report
+    assert "last batch of each epoch 3 -> per tower [1, 1, 1]" in report
+    assert "= 3.0e-02 over 4 weight tensors: DIFFERENT from one device" in report

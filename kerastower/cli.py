@@ -12,11 +12,8 @@ weight difference between the two runs. It needs no download.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from collections.abc import Sequence
-
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 DEFAULT_CPU_TOWERS = 4
 DEFAULT_TOLERANCE = 1e-4

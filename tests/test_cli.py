@@ -25,7 +25,7 @@ def run(*args, timeout=240):
     )
 
 
-def test_demo_trains_over_towers_and_matches_one_device():
+def test_demo_trains_over_towers_and_matches_one_device(tmp_path):
     result = run(
         sys.executable,
         "-m",
@@ -37,6 +37,8 @@ def test_demo_trains_over_towers_and_matches_one_device():
         "40",
         "--epochs",
         "1",
+        "--log-dir",
+        str(tmp_path),
     )
     out = result.stdout
     assert result.returncode == 0, out + result.stderr
@@ -52,6 +54,13 @@ def test_demo_trains_over_towers_and_matches_one_device():
     assert difference, out
     assert float(difference.group(1)) < 1e-5
     assert "same model as one device" in out
+    assert f"tensorboard --logdir {tmp_path}" in out
+    assert list((tmp_path / "towers").glob("events.out.tfevents.*"))
+    assert sorted(p.name for p in (tmp_path / "towers").glob("tower_*")) == [
+        "tower_0",
+        "tower_1",
+        "tower_2",
+    ]
 
 
 def test_devices_lists_the_towers():

@@ -156,3 +156,22 @@ def test_a_worker_that_is_not_chief_writes_under_its_own_directory(
     assert TowerMonitor(tmp_path).run_dir == str(tmp_path / "worker_1")
     monkeypatch.delenv("TF_CONFIG")
     assert TowerMonitor(tmp_path).run_dir == str(tmp_path)
+
+
+def test_several_workers_log_cluster_totals_without_per_tower_guesses(tmp_path):
+    class TwoWorkerModel(keras.Model):
+        num_towers = 2
+        num_workers = 2  # as a TowerModel in a two-worker cluster reports
+
+    x, y = regression_data(n=23)
+    base = mlp()
+    model = TwoWorkerModel(base.inputs, base.outputs)
+    monitor = TowerMonitor(tmp_path)
+    fit(model, x, y, monitor, batch_size=10)
+    (record,) = monitor.history
+    assert record["examples"] == 23
+    assert record["global_batch_size"] == 10
+    for key in ("per_tower_batch_size", "tower_examples", "imbalance"):
+        assert key not in record
+    assert "towers/examples" in read_scalars(tmp_path / "towers")
+    assert not list((tmp_path / "towers").glob("tower_*"))

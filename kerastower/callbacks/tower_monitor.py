@@ -113,7 +113,7 @@ def _loss_count(model: keras.Model) -> int | None:
 class TowerMonitor(keras.callbacks.Callback):
     """Logs throughput, step time and each tower's share of the work per epoch.
 
-    At the end of every epoch the callback computes, for this worker:
+    At the end of every epoch the callback computes:
 
     - ``examples``: the training examples of the epoch, all towers together,
       counted exactly (from the model's ``loss`` metric, which counts the
@@ -151,6 +151,13 @@ class TowerMonitor(keras.callbacks.Callback):
     cluster (see `kerastower.cluster`) the runs go under
     ``<log_dir>/worker_<index>`` instead.
 
+    With several workers (a model whose ``num_workers`` is > 1) the model's
+    metrics count the examples of every worker, so ``examples``,
+    ``examples_per_second`` and ``global_batch_size`` are those of the whole
+    cluster; this worker's share of each step is not known, so
+    ``per_tower_batch_size``, ``tower_examples`` and ``imbalance`` are left
+    out (``peak_memory_mb`` stays: it is measured on this worker's towers).
+
     A plain `keras.Model` counts as one tower. With ``steps_per_execution >
     1`` the callback sees whole executions; it takes every step but the last
     of an epoch to hold the full global batch, as `fit` batches arrays and
@@ -186,6 +193,7 @@ class TowerMonitor(keras.callbacks.Callback):
         self.history: list[dict[str, Any]] = []
         self._writers: dict[str, Any] = {}
         self._towers = 1
+        self._workers = 1
         self._devices: list[str] = []
         self._full_batch: int | None = None
 
@@ -200,6 +208,7 @@ class TowerMonitor(keras.callbacks.Callback):
 
     def on_train_begin(self, logs=None):
         self._towers = int(getattr(self.model, "num_towers", 1))
+        self._workers = int(getattr(self.model, "num_workers", 1))
         self._devices = list(getattr(self.model, "tower_devices", []))
         self._full_batch = None
 
@@ -237,8 +246,6 @@ class TowerMonitor(keras.callbacks.Callback):
         examples = sum(self._batch_sizes)
         steps = len(self._batch_sizes)
         largest = max(self._batch_sizes)
-        per_tower = tower_examples(self._batch_sizes, self._towers)
-        mean = examples / self._towers
         record = {
             "epoch": epoch,
             "examples": examples,
@@ -247,11 +254,16 @@ class TowerMonitor(keras.callbacks.Callback):
             "examples_per_second": examples / seconds,
             "step_time": seconds / steps,
             "global_batch_size": largest,
-            "per_tower_batch_size": split_sizes(largest, self._towers),
-            "tower_examples": per_tower,
-            "imbalance": max(per_tower) / mean - 1 if mean else 0.0,
             "learning_rate": self._learning_rate(),
         }
+        if self._workers == 1:
+            # With several workers the loss metric counts every worker's
+            # examples, and this worker's share of each step is unknown.
+            per_tower = tower_examples(self._batch_sizes, self._towers)
+            mean = examples / self._towers
+            record["per_tower_batch_size"] = split_sizes(largest, self._towers)
+            record["tower_examples"] = per_tower
+            record["imbalance"] = max(per_tower) / mean - 1 if mean else 0.0
         if self._memory:
             record["peak_memory_mb"] = [
                 tf.config.experimental.get_memory_info(d)["peak"] / 2**20
@@ -296,23 +308,29 @@ class TowerMonitor(keras.callbacks.Callback):
             "examples": record["examples"],
             "steps": record["steps"],
             "global_batch_size": record["global_batch_size"],
-            "imbalance": record["imbalance"],
         }
-        if record["learning_rate"] is not None:
-            scalars["learning_rate"] = record["learning_rate"]
+        for name in ("imbalance", "learning_rate"):
+            if record.get(name) is not None:
+                scalars[name] = record[name]
         with self._writer("towers").as_default(step=epoch):
             for name, value in scalars.items():
                 tf.summary.scalar(f"towers/{name}", value)
         for i in range(self._towers):
-            tower = {
-                "examples": record["tower_examples"][i],
-                "batch_size": record["per_tower_batch_size"][i],
-                "examples_per_second": record["tower_examples"][i] / record["seconds"],
-            }
+            tower = {}
+            if "tower_examples" in record:
+                tower["examples"] = record["tower_examples"][i]
+                tower["batch_size"] = record["per_tower_batch_size"][i]
+                tower["examples_per_second"] = (
+                    record["tower_examples"][i] / record["seconds"]
+                )
             if "peak_memory_mb" in record:
                 tower["peak_memory_mb"] = record["peak_memory_mb"][i]
-            with self._writer(f"towers/tower_{i}").as_default(step=epoch):
-                for name, value in tower.items():
-                    tf.summary.scalar(f"tower/{name}", np.float32(value))
+            if tower:
+                with self._writer(f"towers/tower_{i}").as_default(step=epoch):
+                    for name, value in tower.items():
+                        tf.summary.scalar(f"tower/{name}", np.float32(value))
+        self._flush()
+
+    def _flush(self) -> None:
         for writer in self._writers.values():
             writer.flush()

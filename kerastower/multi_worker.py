@@ -53,9 +53,17 @@ def worker_strategy(
         options = tf.distribute.experimental.CommunicationOptions(
             timeout_seconds=timeout_seconds or DEFAULT_TIMEOUT_SECONDS
         )
-        _STRATEGY = tf.distribute.MultiWorkerMirroredStrategy(
-            communication_options=options
-        )
+        try:
+            _STRATEGY = tf.distribute.MultiWorkerMirroredStrategy(
+                communication_options=options
+            )
+        except RuntimeError as error:
+            raise RuntimeError(
+                "TF_CONFIG names several workers, but TensorFlow started its "
+                "runtime before the multi-worker strategy was made. Call "
+                "`kerastower.worker_strategy()` first in the program, before "
+                "building any model or running any TensorFlow operation."
+            ) from error
     return _STRATEGY
 
 

@@ -171,6 +171,9 @@ def test_non_chief_takes_part_but_writes_nothing(tmp_path, monkeypatch):
     worker_temp = tmp_path / "worker_tmp"
     worker_temp.mkdir()
     monkeypatch.setattr("tempfile.tempdir", str(worker_temp))
+    # Built first: with TF_CONFIG naming two workers, TowerModel would start a
+    # real MultiWorkerMirroredStrategy. The callback reads TF_CONFIG itself.
+    model = tower_model()
     monkeypatch.setenv(
         "TF_CONFIG",
         json.dumps(
@@ -180,7 +183,6 @@ def test_non_chief_takes_part_but_writes_nothing(tmp_path, monkeypatch):
             }
         ),
     )
-    model = tower_model()
     saved = _spy_saves(model, monkeypatch)
     ckpt_dir = tmp_path / "ckpt"
     model.fit(
@@ -202,13 +204,14 @@ def test_chief_writes_the_real_path(tmp_path, monkeypatch, task):
     spec = {"worker": ["localhost:1", "localhost:2"]}
     if task["type"] == "chief":
         spec["chief"] = ["localhost:0"]
+    model = tower_model()  # before TF_CONFIG, as above
     monkeypatch.setenv("TF_CONFIG", json.dumps({"cluster": spec, "task": task}))
-    model = tower_model()
     ckpt_dir = tmp_path / "ckpt"
     model.fit(
         X, Y, epochs=2, callbacks=[ChiefCheckpoint(ckpt_dir / "{epoch}.keras")], **FIT
     )
     assert files(ckpt_dir) == ["1.keras", "2.keras"]
+    monkeypatch.delenv("TF_CONFIG")
     assert_same_weights(loaded(ckpt_dir / "2.keras", seed=3), model, rtol=0, atol=0)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import threading
 import warnings
 from collections.abc import Sequence
 from typing import Any
@@ -25,6 +26,25 @@ from kerastower.sharding import (
 )
 from kerastower.splitting import tensor_split_sizes
 from kerastower.strategy import TowerStrategy
+
+
+class _UnweightSum:
+    """Wraps a "sum"-reduced loss so that its tower weight cancels out.
+
+    Calls the loss and divides by the calling tower's weight ``n_i / B``
+    (0 for an empty tower, whose sum is 0), found by thread: MirroredStrategy
+    runs each tower in its own thread.
+    """
+
+    def __init__(self, loss, inverse_weights: dict):
+        self.loss = loss
+        self.reduction = "sum"
+        self._inverse_weights = inverse_weights
+
+    def __call__(self, y_true, y_pred, sample_weight=None):
+        value = self.loss(y_true, y_pred, sample_weight)
+        inverse = self._inverse_weights[threading.get_ident()]
+        return value * tf.cast(inverse, value.dtype)
 
 
 @keras.saving.register_keras_serializable(package="kerastower")
@@ -127,6 +147,7 @@ class TowerModel(keras.Model):
             super().__init__(*args, **kwargs)
         self._tower_strategy = None
         self._gradient_accumulator = None
+        self._inverse_weights: dict[int, tf.Tensor] = {}
         if type(self).train_step is not TowerModel.train_step:
             warnings.warn(
                 f"{type(self).__name__} overrides `train_step`, so its training "
@@ -187,6 +208,16 @@ class TowerModel(keras.Model):
         recorders = [LossMetricRecorder() for _ in real_metrics]
         if real_metrics:
             compile_loss._metrics = recorders
+        # Every tower's loss is multiplied by its share n_i / B, which is right
+        # for means; a loss reduced by "sum" must add up unweighted instead.
+        real_losses = list(getattr(compile_loss, "_flat_losses", None) or [])
+        if real_losses:
+            compile_loss._flat_losses = [
+                entry._replace(loss=_UnweightSum(entry.loss, self._inverse_weights))
+                if getattr(entry.loss, "reduction", None) == "sum"
+                else entry
+                for entry in real_losses
+            ]
         try:
             yield recorders
         finally:
@@ -194,6 +225,8 @@ class TowerModel(keras.Model):
                 layer.synchronized = value
             if real_metrics:
                 compile_loss._metrics = real_metrics
+            if real_losses:
+                compile_loss._flat_losses = real_losses
 
     def _global_batch_size(self, batch: tf.Tensor) -> tf.Tensor:
         """The batch size summed over workers, as float32."""
@@ -248,10 +281,14 @@ class TowerModel(keras.Model):
         return local_results(strategy, outputs)
 
     def _tower_loss(self, x, y, y_pred, sample_weight, weight, recorders, training):
+        self._inverse_weights[threading.get_ident()] = tf.math.divide_no_nan(
+            1.0, weight
+        )
         loss = self._compute_loss(
             x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=training
         )
         weight = tf.cast(weight, loss.dtype)
+        self._inverse_weights.pop(threading.get_ident(), None)
         # Empty towers may produce NaN (a mean over nothing); they weigh 0.
         weighted = tf.where(weight > 0, loss * weight, tf.zeros_like(loss))
         per_output = [

@@ -372,3 +372,38 @@ def test_jit_compile():
     )
     assert_same_history(ha, hb, rtol=1e-4)
     assert_same_weights(plain, towered, rtol=1e-4)
+
+
+@pytest.mark.parametrize("towers", [2, 4])
+def test_sum_reduced_losses_add_up_unweighted(towers):
+    rng = np.random.default_rng(6)
+    x = rng.normal(size=(19, 3)).astype("float32")
+    ya = rng.normal(size=(19, 1)).astype("float32")
+    yb = rng.normal(size=(19, 1)).astype("float32")
+
+    def build():
+        keras.utils.set_random_seed(9)
+        inputs = keras.Input((3,))
+        h = keras.layers.Dense(4, kernel_regularizer="l2")(inputs)
+        return keras.Model(
+            inputs, {"a": keras.layers.Dense(1)(h), "b": keras.layers.Dense(1)(h)}
+        )
+
+    plain, towered = twin(build, towers)
+    ha, hb = fit_both(
+        plain,
+        towered,
+        x,
+        {"a": ya, "b": yb},
+        dict(
+            optimizer=keras.optimizers.SGD(0.01),
+            loss={
+                "a": keras.losses.MeanSquaredError(reduction="sum"),
+                "b": keras.losses.MeanAbsoluteError(),
+            },
+        ),
+        batch_size=5,
+        epochs=2,
+    )
+    assert_same_history(ha, hb)
+    assert_same_weights(plain, towered)

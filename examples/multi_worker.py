@@ -53,6 +53,7 @@ def build_model(seed: int):
 
 
 def run_worker(args) -> None:
+    # --8<-- [start:worker]
     import kerastower
 
     kerastower.configure_logical_devices(args.towers)
@@ -88,6 +89,7 @@ def run_worker(args) -> None:
     with open(os.path.join(args.out, f"history{index}.json"), "w") as f:
         json.dump(history.history, f)
     print(f"worker {index} done: loss {history.history['loss'][-1]:.6f}")
+    # --8<-- [end:worker]
 
 
 class _ExitAfterEpoch:

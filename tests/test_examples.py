@@ -49,7 +49,6 @@ COVERED_ELSEWHERE = {"multi_worker.py": "tests/test_multi_worker.py runs it"}
 INLINE_CODE_PAGES = {
     "guides/batch-scaling.md",
     "guides/checkpointing.md",
-    "guides/multi-worker.md",
     "benchmarks.md",
 }
 

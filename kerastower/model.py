@@ -319,12 +319,14 @@ class TowerModel(keras.Model):
                 f"{self.optimizer.gradient_accumulation_steps}"
             )
 
+    def _forward(self, x, training: bool):
+        if self._call_has_training_arg:
+            return self(x, training=training)
+        return self(x)
+
     def _one_device_gradients(self, x, y, sample_weight, trainable):
         with tf.GradientTape() as tape:
-            if self._call_has_training_arg:
-                y_pred = self(x, training=True)
-            else:
-                y_pred = self(x)
+            y_pred = self._forward(x, training=True)
             loss = self._compute_loss(
                 x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=True
             )
@@ -337,10 +339,7 @@ class TowerModel(keras.Model):
         def tower_fn(shard, weight, recorders):
             tx, ty, tsw = shard
             with tf.GradientTape() as tape:
-                if self._call_has_training_arg:
-                    y_pred = self(tx, training=True)
-                else:
-                    y_pred = self(tx)
+                y_pred = self._forward(tx, training=True)
                 loss, per_output = self._tower_loss(
                     tx, ty, y_pred, tsw, weight, recorders, training=True
                 )
@@ -407,10 +406,7 @@ class TowerModel(keras.Model):
 
         def tower_fn(shard, weight, recorders):
             tx, ty, tsw = shard
-            if self._call_has_training_arg:
-                y_pred = self(tx, training=False)
-            else:
-                y_pred = self(tx)
+            y_pred = self._forward(tx, training=False)
             loss, per_output = self._tower_loss(
                 tx, ty, y_pred, tsw, weight, recorders, training=False
             )
@@ -436,9 +432,7 @@ class TowerModel(keras.Model):
         x, _, _ = data_adapter_utils.unpack_x_y_sample_weight(data)
 
         def tower_fn(shard, weight, recorders):
-            if self._call_has_training_arg:
-                return self(shard, training=False)
-            return self(shard)
+            return self._forward(shard, training=False)
 
         return concat_nest(self._run_towers(tower_fn, x))
 

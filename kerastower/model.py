@@ -192,7 +192,10 @@ class TowerModel(keras.Model):
             return super()._maybe_symbolic_build(iterator, data_batch)
         # Keras defers building loss and metric state to the first trace,
         # which for towers would happen inside the tower strategy.
-        self._symbolic_build(iterator=iterator, data_batch=data_batch)
+        try:
+            self._symbolic_build(iterator=iterator, data_batch=data_batch)
+        except StopIteration:
+            pass  # no data: Keras warns that the input ran out, as on one device
 
     @contextlib.contextmanager
     def _tower_context(self):

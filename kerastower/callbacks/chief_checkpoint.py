@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import shutil
 import string
 import tempfile
 import uuid
+import warnings
 
 import keras
 from keras.src.utils import file_utils, io_utils
@@ -196,6 +198,12 @@ class ChiefCheckpoint(keras.callbacks.ModelCheckpoint):
       may leave a temporary file, which the next `on_train_begin` removes.
       Remote paths (``gs://``...) are written directly, since the store
       uploads each object whole.
+    - **A cut-short epoch is not saved.** At the end of an epoch whose
+      ``loss`` is NaN or infinite (as when `TerminateOnNaN` stops training),
+      or that ran fewer batches than the epoch has (training stopped inside
+      it), nothing is saved and a warning says so: such a checkpoint would
+      hold broken weights or a partial epoch named as complete, and a
+      resumed run would start from it.
     - **Errors are not skipped.** `on_train_begin` checks that the chief can
       create and write the checkpoint directory, and a save that fails raises
       an `OSError` naming the path.
@@ -315,6 +323,24 @@ class ChiefCheckpoint(keras.callbacks.ModelCheckpoint):
             self._chief = cluster.is_chief(self.model.distribute_strategy)
         return self._chief
 
+    def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
+        self._batches_seen = 0
+        super().on_epoch_begin(epoch, logs)
+
+    def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
+        self._batches_seen += 1
+        super().on_train_batch_end(batch, logs)
+
+    def _epoch_cut_short(self, logs: dict | None) -> str | None:
+        loss = (logs or {}).get("loss")
+        if loss is not None and not math.isfinite(float(loss)):
+            return f"its loss is {loss}"
+        steps = (self.params or {}).get("steps")
+        seen = getattr(self, "_batches_seen", None)
+        if steps and seen is not None and seen < steps:
+            return f"it ran {seen} of its {steps} batches"
+        return None
+
     def on_train_begin(self, logs: dict | None = None) -> None:
         self._chief = None
         if self._is_chief() and not self._remote:
@@ -369,6 +395,15 @@ class ChiefCheckpoint(keras.callbacks.ModelCheckpoint):
             )
 
     def _save_model(self, epoch: int, batch: int | None, logs: dict | None) -> None:
+        if batch is None:
+            reason = self._epoch_cut_short(logs)
+            if reason is not None:
+                warnings.warn(
+                    f"ChiefCheckpoint: epoch {epoch + 1} is not saved because "
+                    f"{reason}.",
+                    stacklevel=2,
+                )
+                return
         filepath = self._get_file_path(epoch, batch, logs)
         if not self._should_save_model(epoch, batch, logs, filepath):
             return

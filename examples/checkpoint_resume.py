@@ -5,12 +5,15 @@
 The first `fit` saves a checkpoint per epoch with `ChiefCheckpoint` and dies
 after epoch `--crash-after`. A fresh model (as in a new process) with
 ``resume=True`` restores the last checkpoint, optimizer state included, and
-finishes the remaining epochs. Its weights are compared with a run that was
-never interrupted.
+finishes the remaining epochs. A second resume, by hand, loads the latest
+checkpoint of a copy of the crashed run's directory with `keras.models.load_model`
+and starts `fit` at the epoch in its name. The weights of both are compared
+with a run that was never interrupted.
 """
 
 import argparse
 import os
+import shutil
 import tempfile
 
 import kerastower
@@ -49,40 +52,73 @@ def main(argv=None):
     directory = args.dir or tempfile.mkdtemp(prefix="kerastower-ckpt-")
 
     rng = np.random.default_rng(0)
-    x = rng.normal(size=(250, 6)).astype("float32")
-    y = np.sin(x.sum(axis=1, keepdims=True)).astype("float32")
-    fit = dict(batch_size=32, epochs=args.epochs, shuffle=False, verbose=0)
+    x, x_val = rng.normal(size=(2, 250, 6)).astype("float32")
+    y, y_val = (np.sin(v.sum(axis=1, keepdims=True)) for v in (x, x_val))
+    checkpoints = os.path.join(directory, "ckpt")
 
-    # --8<-- [start:resume]
-    path = os.path.join(directory, "{epoch:03d}.keras")
     model = build()
     try:
+        # --8<-- [start:checkpoint]
+        checkpoint = kerastower.callbacks.ChiefCheckpoint(
+            os.path.join(checkpoints, "{epoch:03d}-{val_loss:.4f}.keras"), resume=True
+        )
         model.fit(
             x,
             y,
-            callbacks=[
-                kerastower.callbacks.ChiefCheckpoint(path, resume=True),
-                Crash(after_epoch=args.crash_after),
-            ],
-            **fit,
+            batch_size=32,
+            epochs=args.epochs,
+            validation_data=(x_val, y_val),
+            shuffle=False,
+            callbacks=[checkpoint, Crash(after_epoch=args.crash_after)],
         )
+        # --8<-- [end:checkpoint]
     except RuntimeError as error:
-        print(f"first run: {error}; checkpoints: {sorted(os.listdir(directory))}")
+        print(f"first run: {error}; checkpoints: {sorted(os.listdir(checkpoints))}")
+    copy = shutil.copytree(checkpoints, os.path.join(directory, "ckpt-by-hand"))
 
-    resumed = build()  # a new process would start here
+    # --8<-- [start:resume]
+    pattern = os.path.join(checkpoints, "{epoch:03d}-{val_loss:.4f}.keras")
+    resumed = build()  # a new process starts here: build and compile the same model
     history = resumed.fit(
-        x, y, callbacks=[kerastower.callbacks.ChiefCheckpoint(path, resume=True)], **fit
+        x,
+        y,
+        batch_size=32,
+        epochs=args.epochs,  # the same `epochs` as the interrupted run
+        validation_data=(x_val, y_val),
+        shuffle=False,
+        callbacks=[kerastower.callbacks.ChiefCheckpoint(pattern, resume=True)],
     )
     # --8<-- [end:resume]
     print(f"resumed run trained epochs {history.epoch[0] + 1} to {args.epochs}")
 
+    # --8<-- [start:by_hand]
+    pattern = os.path.join(copy, "{epoch:03d}-{val_loss:.4f}.keras")
+    path = kerastower.callbacks.latest_checkpoint(pattern)
+    if path is not None:
+        by_hand = keras.models.load_model(path)  # weights and optimizer state
+        by_hand.fit(
+            x,
+            y,
+            batch_size=32,
+            epochs=args.epochs,
+            initial_epoch=kerastower.callbacks.checkpoint_epoch(path, pattern),
+            validation_data=(x_val, y_val),
+            shuffle=False,
+            callbacks=[kerastower.callbacks.ChiefCheckpoint(pattern)],
+        )
+    # --8<-- [end:by_hand]
+    if path is None:
+        raise SystemExit(f"no checkpoint matches {pattern}")
+    print(f"resumed by hand a {type(by_hand).__name__} from {os.path.basename(path)}")
+
     uninterrupted = build()
-    uninterrupted.fit(x, y, **fit)
+    uninterrupted.fit(x, y, batch_size=32, epochs=args.epochs, shuffle=False, verbose=0)
     difference = max(
         float(np.max(np.abs(a - b)))
-        for a, b in zip(resumed.get_weights(), uninterrupted.get_weights())
+        for other in (resumed, by_hand)
+        for a, b in zip(other.get_weights(), uninterrupted.get_weights())
     )
-    print(f"max |w_resumed - w_uninterrupted| = {difference:.1e}")
+    print(f"max |w_resumed - w_uninterrupted| = {difference:.1e} (both resumes)")
     if difference > 1e-6:
         raise SystemExit("the resumed run did not match the uninterrupted one")
 

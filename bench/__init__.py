@@ -1,0 +1,4 @@
+"""Benchmarks of `kerastower.TowerModel` against stock Keras.
+
+Run ``python -m bench`` from the repository root; see ``bench/README.md``.
+"""

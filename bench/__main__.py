@@ -1,0 +1,5 @@
+"""Entry point of ``python -m bench``."""
+
+from bench.cli import main
+
+main()

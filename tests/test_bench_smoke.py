@@ -1,0 +1,161 @@
+"""Smoke run of the benchmarks (``python -m bench --quick``) and its ratio math."""
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from bench.report import memory_ratios, timing_ratios  # noqa: E402
+from bench.timing import paired_ratio  # noqa: E402
+
+
+def _suite(**repeats):
+    return {
+        "variants": {
+            name: {"repeats_s": times, "median_s": statistics.median(times)}
+            for name, times in repeats.items()
+        }
+    }
+
+
+def test_paired_ratio_is_the_median_of_per_repeat_ratios():
+    suite = _suite(tower2=[2.0, 4.0, 6.0], plain=[1.0, 2.0, 2.0])
+    ratio = paired_ratio(suite, "tower2", "plain")
+    assert ratio["per_repeat"] == [2.0, 2.0, 3.0]
+    assert ratio["ratio"] == 2.0
+    assert ratio["ratio_of_medians"] == 2.0
+
+
+def test_ratio_against_a_failed_variant_carries_its_error():
+    suite = _suite(tower2=[1.0], plain=[1.0])
+    suite["variants"]["mirrored2"] = {"error": "InvalidArgumentError: XLA"}
+    rows = timing_ratios({"mlp/jit": suite}, towers=[2])
+    by_name = {row["name"]: row for row in rows}
+    assert by_name["tower2/mirrored2"]["error"].startswith("mirrored2: Invalid")
+    assert "pass" not in by_name["tower2/mirrored2"]
+    assert by_name["tower2/plain"]["pass"] is True
+
+
+def test_targets_are_checked_against_their_limits():
+    suite = _suite(
+        plain=[1.0, 1.0],
+        tower1=[1.06, 1.06],
+        tower2=[1.09, 1.09],
+        mirrored2=[1.7, 1.75],
+    )
+    rows = {row["name"]: row for row in timing_ratios({"s/default": suite}, [2])}
+    assert rows["tower1/plain"]["target"] == 1.05
+    assert rows["tower1/plain"]["pass"] is False
+    assert rows["tower2/plain"]["pass"] is True
+    expected = (1.09 / 1.7 + 1.09 / 1.75) / 2
+    assert rows["tower2/mirrored2"]["ratio"] == pytest.approx(expected)
+    assert rows["tower2/mirrored2"]["pass"] is False
+    assert "pass" not in rows["mirrored2/plain"]
+
+
+def test_memory_ratios_whole_and_above_floor():
+    peaks = {
+        "m/floor": {"peak_rss_mib": 600.0},
+        "m/plain": {"peak_rss_mib": 640.0},
+        "m/tower2": {"peak_rss_mib": 650.0},
+        "m/mirrored2": {"peak_rss_mib": 700.0},
+    }
+    rows = {row["name"]: row for row in memory_ratios(peaks)}
+    assert rows["tower2/mirrored2"]["ratio"] == pytest.approx(650 / 700)
+    assert rows["tower2/mirrored2"]["ratio_above_floor"] == pytest.approx(0.5)
+    assert rows["tower2/plain"]["ratio_above_floor"] == pytest.approx(50 / 40)
+
+
+@pytest.fixture(scope="module")
+def quick_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("bench")
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+    process = subprocess.run(
+        [sys.executable, "-m", "bench", "--quick", "--out", str(out)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert process.returncode == 0, process.stderr[-3000:]
+    return json.loads((out / "benchmarks.json").read_text()), out
+
+
+@pytest.mark.slow
+def test_quick_run_writes_every_section(quick_run):
+    results, out = quick_run
+    assert set(results) >= {
+        "meta",
+        "targets",
+        "timing",
+        "traces",
+        "memory",
+        "accumulation",
+    }
+    assert (out / "benchmarks.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert results["meta"]["quick"] is True
+    assert results["meta"]["machine"]["tensorflow"]
+    suites = results["timing"]["suites"]
+    assert {key.split("/")[1] for key in suites} == {"default", "jit", "spe4"}
+    default = suites["tiny_mlp/default"]["variants"]
+    assert set(default) == {"plain", "tower1", "tower2", "mirrored2"}
+    for suite in suites.values():
+        for result in suite["variants"].values():
+            assert len(result["repeats_s"]) == 2
+            assert all(0 < t < 1 for t in result["repeats_s"])
+            assert result["median_s"] == statistics.median(result["repeats_s"])
+
+
+@pytest.mark.slow
+def test_quick_run_ratios_match_its_raw_timings(quick_run):
+    results, _ = quick_run
+    suites = results["timing"]["suites"]
+    names = {(r["suite"], r["name"]) for r in results["timing"]["ratios"]}
+    assert ("tiny_mlp/default", "tower2/mirrored2") in names
+    assert ("tiny_mlp/default", "tower1/plain") in names
+    for row in results["timing"]["ratios"]:
+        numerator, denominator = row["name"].split("/")
+        variants = suites[row["suite"]]["variants"]
+        expected = statistics.median(
+            a / b
+            for a, b in zip(
+                variants[numerator]["repeats_s"], variants[denominator]["repeats_s"]
+            )
+        )
+        assert row["ratio"] == pytest.approx(expected)
+        if row["target"] is not None:
+            assert row["pass"] == (row["ratio"] <= row["target"])
+
+
+@pytest.mark.slow
+def test_quick_run_counts_traces_and_memory(quick_run):
+    results, _ = quick_run
+    for name, traces in results["traces"]["variants"].items():
+        # 23 examples in batches of 8: sizes 8, 8, 7 per epoch, 3 epochs.
+        assert traces["batches"] == 9, name
+        assert traces["distinct_batch_shapes"] == 2, name
+        assert traces["traces"] == len(traces["traced_at"]) >= 1, name
+    assert results["traces"]["variants"]["tower2"]["pass"] is True
+    peaks = results["memory"]["peak_rss"]
+    assert set(peaks) == {"tiny_mlp/tower2", "tiny_mlp/mirrored2"}
+    assert all(100 < p["peak_rss_mib"] < 10_000 for p in peaks.values())
+    (ratio,) = results["memory"]["ratios"]
+    assert ratio["ratio"] == pytest.approx(
+        peaks["tiny_mlp/tower2"]["peak_rss_mib"]
+        / peaks["tiny_mlp/mirrored2"]["peak_rss_mib"]
+    )
+    accumulation = results["accumulation"]
+    if accumulation["status"] == "measured":
+        assert accumulation["ratio"] > 0
+        assert accumulation["accumulation_steps"] == 2
+    else:
+        assert accumulation == {"status": "not available"}

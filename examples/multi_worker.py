@@ -86,6 +86,8 @@ def run_worker(args) -> None:
         callbacks=callbacks,
     )
     np.savez(os.path.join(args.out, f"worker{index}.npz"), *model.get_weights())
+    if index == 0:  # predict is local: the chief alone may call it
+        np.save(os.path.join(args.out, "predictions.npy"), model.predict(x, verbose=0))
     with open(os.path.join(args.out, f"history{index}.json"), "w") as f:
         json.dump(history.history, f)
     print(f"worker {index} done: loss {history.history['loss'][-1]:.6f}")

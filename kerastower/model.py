@@ -260,15 +260,25 @@ class TowerModel(keras.Model):
             variable.assign(old + delta)
         return self.get_metrics_result()
 
-    def _run_towers(self, tower_fn, data):
-        """Splits `data` and runs `tower_fn(shard, weight, recorders)` per tower."""
+    def _run_towers(self, tower_fn, data, across_workers: bool = True):
+        """Splits `data` and runs `tower_fn(shard, weight, recorders)` per tower.
+
+        Each tower's weight is its share of the global batch: of all workers'
+        batches when `across_workers`, else of this worker's (for `predict`,
+        which needs no weight and must not wait for the other workers).
+        """
         batch = tf.shape(first_leaf(data))[0]
         # Hide the sizes from shape inference: a statically empty shard makes
         # Keras return an unreduced loss of shape (0,).
         sizes = tf.compat.v1.placeholder_with_default(
             tensor_split_sizes(batch, self.num_towers), [self.num_towers]
         )
-        weights = tf.cast(sizes, tf.float32) / self._global_batch_size(batch)
+        total = (
+            self._global_batch_size(batch)
+            if across_workers
+            else tf.cast(batch, tf.float32)
+        )
+        weights = tf.cast(sizes, tf.float32) / total
         shards = split_nest(data, sizes, self.num_towers)
         strategy = self.tower_strategy
         inputs = strategy.experimental_distribute_values_from_function(
@@ -437,7 +447,7 @@ class TowerModel(keras.Model):
         def tower_fn(shard, weight, recorders):
             return self._forward(shard, training=False)
 
-        return concat_nest(self._run_towers(tower_fn, x))
+        return concat_nest(self._run_towers(tower_fn, x, across_workers=False))
 
     def fit(self, *args, **kwargs):
         if self.num_workers > 1:

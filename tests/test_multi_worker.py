@@ -63,6 +63,13 @@ def test_two_workers_train_like_one_device_on_the_union_of_their_batches(tmp_pat
     for a, b in zip(plain.get_weights(), w0, strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
 
+    np.testing.assert_allclose(
+        np.load(tmp_path / "predictions.npy"),
+        plain.predict(x0, verbose=0),
+        rtol=1e-5,
+        atol=1e-6,
+    )
+
     # Every worker reports the global loss, the mean over all 20 examples.
     for index in (0, 1):
         history = json.loads((tmp_path / f"history{index}.json").read_text())

@@ -25,18 +25,12 @@ from tensorboard.backend.event_processing.event_accumulator import (  # noqa: E4
     EventAccumulator,
 )
 
+from kerastower.demo import build_convnet  # noqa: E402
+
 
 def convnet():
-    keras.utils.set_random_seed(0)
-    inputs = keras.Input((8, 8, 1))
-    h = keras.layers.Conv2D(16, 3, padding="same", activation="relu")(inputs)
-    h = keras.layers.BatchNormalization()(h)
-    h = keras.layers.Conv2D(32, 3, padding="same", activation="relu")(h)
-    h = keras.layers.MaxPooling2D()(h)
-    h = keras.layers.Flatten()(h)
-    h = keras.layers.Dense(64, activation="relu")(h)
-    outputs = keras.layers.Dense(10, activation="softmax")(h)
-    model = kerastower.TowerModel(inputs, outputs, towers=4)
+    # The demo's digits convnet (kerastower demo), on 4 towers.
+    model = kerastower.TowerModel.from_model(build_convnet(seed=0), towers=4)
     model.compile(
         optimizer=keras.optimizers.Adam(1e-3),
         loss="sparse_categorical_crossentropy",

@@ -33,7 +33,6 @@ class TowerStrategy(tf.distribute.MirroredStrategy):
                 reduce_to_device=devices[0]
             ),
         )
-        self.tower_count = len(devices)
 
     @property
     def num_replicas_in_sync(self) -> int:

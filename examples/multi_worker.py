@@ -73,6 +73,8 @@ def run_worker(args) -> None:
             os.path.join(args.out, "ckpt", "epoch{epoch}.keras")
         )
     ]
+    if args.accumulate > 1:
+        callbacks.append(kerastower.callbacks.GradientAccumulation(args.accumulate))
     if args.exit_after_epoch is not None:
         callbacks.append(_ExitAfterEpoch(args.exit_after_epoch, index))
     x, y = worker_data(index)
@@ -135,6 +137,8 @@ def launch(args) -> int:
         ]
         if args.exit_after_epoch is not None:
             command += ["--exit-after-epoch", str(args.exit_after_epoch)]
+        if args.accumulate > 1:
+            command += ["--accumulate", str(args.accumulate)]
         procs.append(subprocess.Popen(command, env=env))
     codes = [p.wait() for p in procs]
     print(f"workers exited with {codes}; outputs in {out}")
@@ -152,6 +156,9 @@ def main(argv=None) -> int:
         type=float,
         default=60.0,
         help="seconds a collective may wait for a dead worker",
+    )
+    parser.add_argument(
+        "--accumulate", type=int, default=1, help="micro-batches per update"
     )
     parser.add_argument(
         "--exit-after-epoch", type=int, default=None, help=argparse.SUPPRESS

@@ -263,6 +263,8 @@ class TowerModel(keras.Model):
     def _run_towers(self, tower_fn, data, across_workers: bool = True):
         """Splits `data` and runs `tower_fn(shard, weight, recorders)` per tower.
 
+        Returns the per-tower outputs and the batch size the weights divide by.
+
         Each tower's weight is its share of the global batch: of all workers'
         batches when `across_workers`, else of this worker's (for `predict`,
         which needs no weight and must not wait for the other workers).
@@ -291,7 +293,7 @@ class TowerModel(keras.Model):
             outputs = strategy.run(
                 lambda args: tower_fn(args[0], args[1], recorders), args=(inputs,)
             )
-        return local_results(strategy, outputs)
+        return local_results(strategy, outputs), total
 
     def _tower_loss(self, x, y, y_pred, sample_weight, weight, recorders, training):
         self._inverse_weights[threading.get_ident()] = tf.math.divide_no_nan(
@@ -361,14 +363,14 @@ class TowerModel(keras.Model):
             connected[:] = [j for j, g in enumerate(grads) if g is not None]
             return [grads[j] for j in connected], loss, y_pred, per_output
 
-        per_tower = self._run_towers(tower_fn, (x, y, sample_weight))
+        per_tower, total = self._run_towers(tower_fn, (x, y, sample_weight))
         loss = tf.add_n([t[1] for t in per_tower])
         y_pred = concat_nest([t[2] for t in per_tower])
         self._update_loss_metrics([t[3] for t in per_tower], y_pred)
         gradients = [None] * len(trainable)
         for k, j in enumerate(connected):
             gradients[j] = sum_gradients([t[0][k] for t in per_tower])
-        return gradients, loss, y_pred
+        return gradients, loss, y_pred, total
 
     def train_step(self, data):
         self._check_optimizer()
@@ -378,16 +380,17 @@ class TowerModel(keras.Model):
                 return super().train_step(data)
         x, y, sample_weight = data_adapter_utils.unpack_x_y_sample_weight(data)
         trainable = self.trainable_weights
+        batch_size = tf.shape(first_leaf(x))[0]
         if self.num_towers == 1 and self.num_workers == 1:
             with tf.device(self._tower_devices[0]):
                 gradients, loss, y_pred = self._one_device_gradients(
                     x, y, sample_weight, trainable
                 )
+            global_batch_size = batch_size
         else:
-            gradients, loss, y_pred = self._tower_gradients(
+            gradients, loss, y_pred, global_batch_size = self._tower_gradients(
                 x, y, sample_weight, trainable
             )
-        batch_size = tf.shape(first_leaf(x))[0]
         if self.num_workers > 1:
             connected = [j for j, g in enumerate(gradients) if g is not None]
             summed = self._sum_over_workers(
@@ -401,7 +404,8 @@ class TowerModel(keras.Model):
                 "The model does not have any trainable weights.", stacklevel=2
             )
         elif accumulator is not None:
-            accumulator.accumulate(gradients, batch_size, self.optimizer)
+            # Micro-batches weigh by their examples on all workers together.
+            accumulator.accumulate(gradients, global_batch_size, self.optimizer)
         else:
             self.optimizer.apply_gradients(zip(gradients, trainable))
 
@@ -425,7 +429,7 @@ class TowerModel(keras.Model):
             )
             return loss, y_pred, per_output
 
-        per_tower = self._run_towers(tower_fn, (x, y, sample_weight))
+        per_tower, _ = self._run_towers(tower_fn, (x, y, sample_weight))
         loss = self._sum_over_workers(tf.add_n([t[0] for t in per_tower]))
         y_pred = concat_nest([t[1] for t in per_tower])
         self._update_loss_metrics([t[2] for t in per_tower], y_pred)
@@ -447,7 +451,8 @@ class TowerModel(keras.Model):
         def tower_fn(shard, weight, recorders):
             return self._forward(shard, training=False)
 
-        return concat_nest(self._run_towers(tower_fn, x, across_workers=False))
+        per_tower, _ = self._run_towers(tower_fn, x, across_workers=False)
+        return concat_nest(per_tower)
 
     def fit(self, *args, **kwargs):
         if self.num_workers > 1:

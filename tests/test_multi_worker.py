@@ -86,6 +86,27 @@ def test_two_workers_train_like_one_device_on_the_union_of_their_batches(tmp_pat
 
 
 @pytest.mark.slow
+def test_accumulation_across_workers_matches_one_device(tmp_path):
+    result, _ = launch(tmp_path, "--epochs", "2", "--accumulate", "3")
+    assert result.returncode == 0, result.stdout + result.stderr
+    x0, y0 = example.worker_data(0)
+    x1, y1 = example.worker_data(1)
+    plain = example.build_model(seed=0)
+    plain.set_weights(load(tmp_path / "initial.npz"))
+    plain.compile(optimizer=keras.optimizers.Adam(0.01), loss="mse")
+    # One window of three global steps (4+4, 4+4, 3+1 examples) per epoch: the
+    # workers' micro-batches differ in size, so each must weigh by the global
+    # count. One device: one batch of all 20 examples per epoch.
+    for _ in range(2):
+        plain.train_on_batch(np.concatenate([x0, x1]), np.concatenate([y0, y1]))
+    w0, w1 = load(tmp_path / "worker0.npz"), load(tmp_path / "worker1.npz")
+    for a, b in zip(w0, w1, strict=True):
+        np.testing.assert_array_equal(a, b)
+    for a, b in zip(plain.get_weights(), load(tmp_path / "worker1.npz"), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.slow
 def test_a_dying_worker_stops_the_other_with_an_error_in_bounded_time(tmp_path):
     result, elapsed = launch(
         tmp_path, "--epochs", "3", "--exit-after-epoch", "1", "--timeout", "15"

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import contextlib
-import threading
 import warnings
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import keras
 import tensorflow as tf
@@ -14,37 +13,39 @@ from keras.src.models.functional import Functional
 from keras.src.models.model import Trainer, functional_init_arguments
 from keras.src.trainers.data_adapters import data_adapter_utils
 
-from kerastower import cluster, multi_worker
+from kerastower import _keras_compat, cluster, multi_worker
 from kerastower import devices as devices_lib
+from kerastower.loss_weighting import TowerLoss, weigh_compiled_losses
 from kerastower.sharding import (
-    LossMetricRecorder,
     concat_nest,
     first_leaf,
     local_results,
+    masks_of,
     split_nest,
     sum_gradients,
+    with_masks,
 )
 from kerastower.splitting import tensor_split_sizes
 from kerastower.strategy import TowerStrategy
 
 
-class _UnweightSum:
-    """Wraps a "sum"-reduced loss so that its tower weight cancels out.
+class _IgnoredMetric:
+    """Stands in for Keras's per-output loss metrics inside the towers.
 
-    Calls the loss and divides by the calling tower's weight ``n_i / B``
-    (0 for an empty tower, whose sum is 0), found by thread: MirroredStrategy
-    runs each tower in its own thread.
+    `TowerModel` updates the real metrics once, with the global values.
     """
 
-    def __init__(self, loss, inverse_weights: dict):
-        self.loss = loss
-        self.reduction = "sum"
-        self._inverse_weights = inverse_weights
+    def update_state(self, value, sample_weight=None):
+        del value, sample_weight
 
-    def __call__(self, y_true, y_pred, sample_weight=None):
-        value = self.loss(y_true, y_pred, sample_weight)
-        inverse = self._inverse_weights[threading.get_ident()]
-        return value * tf.cast(inverse, value.dtype)
+
+class _TowerLosses(NamedTuple):
+    """What a tower needs to weight its loss (see `kerastower.loss_weighting`)."""
+
+    records: dict
+    loss_weights: list
+    global_batch: tf.Tensor
+    per_output_metrics: bool
 
 
 @keras.saving.register_keras_serializable(package="kerastower")
@@ -109,16 +110,7 @@ class TowerModel(keras.Model):
 
     def __new__(cls, *args: Any, **kwargs: Any):
         if functional_init_arguments(args, kwargs) and not issubclass(cls, Functional):
-            if cls is not TowerModel:
-                raise ValueError(
-                    f"{cls.__name__} subclasses TowerModel and defines `call`; "
-                    "it cannot also be built from `inputs` and `outputs`. Use "
-                    "`kerastower.TowerModel(inputs, outputs)` for functional "
-                    f"models. Received: args={args!r}"
-                )
-            # Keras would otherwise rewrite TowerModel's bases to Functional,
-            # which breaks every subclassed TowerModel defined afterwards.
-            return super().__new__(FunctionalTowerModel)
+            return super().__new__(_functional_class(cls, args))
         return super().__new__(cls)
 
     def __init__(
@@ -140,6 +132,11 @@ class TowerModel(keras.Model):
         if strategy is None and cluster.is_multi_worker():
             strategy = multi_worker.worker_strategy()
         self._worker_strategy = strategy
+        if functional_init_arguments(args, kwargs) and not isinstance(self, Functional):
+            # `super().__init__(inputs=..., outputs=...)` in a subclass's
+            # `__init__`: become the functional variant of the subclass here,
+            # where Keras would rewrite the bases of every class above it.
+            self.__class__ = _functional_class(type(self), args)
         if isinstance(self, Functional):
             Trainer.__init__(self)
             Functional.__init__(self, *args, **kwargs)
@@ -147,7 +144,6 @@ class TowerModel(keras.Model):
             super().__init__(*args, **kwargs)
         self._tower_strategy = None
         self._gradient_accumulator = None
-        self._inverse_weights: dict[int, tf.Tensor] = {}
         if type(self).train_step is not TowerModel.train_step:
             warnings.warn(
                 f"{type(self).__name__} overrides `train_step`, so its training "
@@ -186,9 +182,13 @@ class TowerModel(keras.Model):
         return super()._resolve_auto_jit_compile()
 
     def _maybe_symbolic_build(self, iterator=None, data_batch=None):
-        if self._distribute_strategy is not None or (
-            self.num_towers == 1 and self.num_workers == 1
+        if (
+            self._distribute_strategy is not None
+            or (self.num_towers == 1 and self.num_workers == 1)
+            or type(self).train_step is not TowerModel.train_step
         ):
+            # One device, or a step of the user's own (a GAN, a VAE), which may
+            # have no `call` to build from: Keras defers the build to the trace.
             return super()._maybe_symbolic_build(iterator, data_batch)
         # Keras defers building loss and metric state to the first trace,
         # which for towers would happen inside the tower strategy.
@@ -198,31 +198,39 @@ class TowerModel(keras.Model):
             pass  # no data: Keras warns that the input ran out, as on one device
 
     @contextlib.contextmanager
-    def _tower_context(self):
-        """Synchronises BatchNormalization and records per-output losses."""
+    def _tower_context(self, global_batch: tf.Tensor, sync_batch_norm: bool):
+        """Weights compiled losses per tower and records per-output losses.
+
+        While it is open, Keras's compiled losses are wrapped in
+        `kerastower.loss_weighting.TowerLoss`, which records each tower's
+        values for `_tower_loss`; Keras's per-output loss metrics ignore
+        updates (`_update_loss_metrics` updates them once, with the global
+        values); and, with `sync_batch_norm`, `BatchNormalization` layers use
+        statistics of all towers.
+        """
         patched = []
-        if self.sync_batch_norm:
+        if sync_batch_norm and self.sync_batch_norm:
             for layer in self._flatten_layers(include_self=False):
                 if isinstance(layer, keras.layers.BatchNormalization):
                     patched.append((layer, layer.synchronized))
                     layer.synchronized = True
         compile_loss = getattr(self, "_compile_loss", None)
         real_metrics = list(getattr(compile_loss, "_metrics", None) or [])
-        recorders = [LossMetricRecorder() for _ in real_metrics]
         if real_metrics:
-            compile_loss._metrics = recorders
-        # Every tower's loss is multiplied by its share n_i / B, which is right
-        # for means; a loss reduced by "sum" must add up unweighted instead.
+            compile_loss._metrics = [_IgnoredMetric() for _ in real_metrics]
         real_losses = list(getattr(compile_loss, "_flat_losses", None) or [])
+        records: dict = {}
         if real_losses:
             compile_loss._flat_losses = [
-                entry._replace(loss=_UnweightSum(entry.loss, self._inverse_weights))
-                if getattr(entry.loss, "reduction", None) == "sum"
-                else entry
+                entry._replace(loss=TowerLoss(entry.loss, records))
                 for entry in real_losses
             ]
+        loss_weights = [
+            1.0 if entry.loss_weights is None else entry.loss_weights
+            for entry in real_losses
+        ]
         try:
-            yield recorders
+            yield _TowerLosses(records, loss_weights, global_batch, bool(real_metrics))
         finally:
             for layer, value in patched:
                 layer.synchronized = value
@@ -260,25 +268,44 @@ class TowerModel(keras.Model):
             variable.assign(old + delta)
         return self.get_metrics_result()
 
-    def _run_towers(self, tower_fn, data, across_workers: bool = True):
-        """Splits `data` and runs `tower_fn(shard, weight, recorders)` per tower.
+    def _split_run(self, tower_fn, combine, data, across_workers: bool = True):
+        """Runs `tower_fn(shard, weight, losses)` per tower and combines.
 
-        Returns the per-tower outputs and the batch size the weights divide by.
+        `combine` turns the list of per-tower outputs into the step's result.
+        Returns that result and the global batch size ``B``, as float32.
 
-        Each tower's weight is its share of the global batch: of all workers'
-        batches when `across_workers`, else of this worker's (for `predict`,
-        which needs no weight and must not wait for the other workers).
+        Each tower's weight is its share ``n_i / B`` of the global batch: of all
+        workers' batches when `across_workers`, else of this worker's (for
+        `predict`, which needs no weight and must not wait for the other
+        workers). A batch smaller than the number of towers would leave towers
+        without an example, which some TensorFlow kernels mishandle (oneDNN
+        convolutions return a wrongly shaped empty tensor), so it runs whole on
+        the first tower instead, exactly as on one device.
         """
         batch = tf.shape(first_leaf(data))[0]
-        # Hide the sizes from shape inference: a statically empty shard makes
-        # Keras return an unreduced loss of shape (0,).
-        sizes = tf.compat.v1.placeholder_with_default(
-            tensor_split_sizes(batch, self.num_towers), [self.num_towers]
-        )
         total = (
             self._global_batch_size(batch)
             if across_workers
             else tf.cast(batch, tf.float32)
+        )
+
+        def on_towers():
+            return combine(self._run_towers(tower_fn, data, batch, total))
+
+        def on_one_tower():
+            weight = tf.cast(batch, tf.float32) / total
+            with self._tower_context(total, sync_batch_norm=False) as losses:
+                with tf.device(self._tower_devices[0]):
+                    return combine([tower_fn(data, weight, losses)])
+
+        return tf.cond(batch >= self.num_towers, on_towers, on_one_tower), total
+
+    def _run_towers(self, tower_fn, data, batch, total):
+        """Splits `data` into shards and runs `tower_fn` on every tower."""
+        # Hide the sizes from shape inference, so that a tower's static batch
+        # size is unknown whatever the global batch (see `sum_gradients`).
+        sizes = tf.compat.v1.placeholder_with_default(
+            tensor_split_sizes(batch, self.num_towers), [self.num_towers]
         )
         weights = tf.cast(sizes, tf.float32) / total
         shards = split_nest(data, sizes, self.num_towers)
@@ -289,38 +316,54 @@ class TowerModel(keras.Model):
                 weights[ctx.replica_id_in_sync_group],
             )
         )
-        with self._tower_context() as recorders:
+        with self._tower_context(total, sync_batch_norm=True) as losses:
             outputs = strategy.run(
-                lambda args: tower_fn(args[0], args[1], recorders), args=(inputs,)
+                lambda args: tower_fn(args[0], args[1], losses), args=(inputs,)
             )
-        return local_results(strategy, outputs), total
+        return local_results(strategy, outputs)
 
-    def _tower_loss(self, x, y, y_pred, sample_weight, weight, recorders, training):
-        self._inverse_weights[threading.get_ident()] = tf.math.divide_no_nan(
-            1.0, weight
-        )
+    def _tower_loss(self, x, y, y_pred, sample_weight, weight, losses, training):
+        """This tower's weighted share of the step's loss and of each output's.
+
+        See `kerastower.loss_weighting` for the rule.
+        """
         loss = self._compute_loss(
             x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=training
         )
+        records = losses.records.pop(tf.distribute.get_replica_context(), [])
+        factors = weigh_compiled_losses(records, losses.global_batch)
+        per_output = []
+        for (value, _, _), factor, loss_weight in zip(
+            records, factors, losses.loss_weights
+        ):
+            value = tf.cast(value, loss.dtype)
+            factor = tf.cast(factor, loss.dtype)
+            # Keras added value * loss_weight; make it value * loss_weight *
+            # factor. A non-finite value already makes the loss non-finite,
+            # as on one device; correcting it would turn inf into NaN.
+            correction = (factor - 1.0) * tf.cast(loss_weight, loss.dtype) * value
+            finite = tf.math.is_finite(value)
+            loss = loss + tf.where(finite, correction, tf.zeros_like(correction))
+            per_output.append(value * factor)
         weight = tf.cast(weight, loss.dtype)
-        self._inverse_weights.pop(threading.get_ident(), None)
-        # Empty towers may produce NaN (a mean over nothing); they weigh 0.
-        weighted = tf.where(weight > 0, loss * weight, tf.zeros_like(loss))
-        per_output = [
-            tf.where(weight > 0, tf.cast(v, loss.dtype) * weight, tf.zeros_like(loss))
-            for r in recorders
-            for v in r.pop()
-        ]
-        return weighted, per_output
+        if not losses.per_output_metrics:
+            per_output = []
+        return loss * weight, [v * weight for v in per_output]
 
-    def _update_loss_metrics(self, per_tower_outputs, y_pred):
+    @staticmethod
+    def _combine_losses(per_tower):
+        """Adds up the towers' weighted losses and per-output losses."""
+        loss = tf.add_n([t[1] for t in per_tower])
+        per_output = [tf.add_n(list(v)) for v in zip(*[t[3] for t in per_tower])]
+        y_pred = concat_nest([with_masks(t[2], t[4]) for t in per_tower])
+        return loss, y_pred, per_output, masks_of(y_pred)
+
+    def _update_loss_metrics(self, per_output, y_pred):
+        """Updates Keras's per-output loss metrics once, with global values."""
         batch_dim = first_leaf(y_pred).shape[0]
         compile_loss = getattr(self, "_compile_loss", None)
         metrics = getattr(compile_loss, "_metrics", None) or []
-        values = [
-            tf.add_n([out[k] for out in per_tower_outputs]) for k in range(len(metrics))
-        ]
-        for metric, value in zip(metrics, self._sum_over_workers(values)):
+        for metric, value in zip(metrics, self._sum_over_workers(per_output)):
             metric.update_state(value, sample_weight=batch_dim)
 
     def _check_optimizer(self):
@@ -351,25 +394,40 @@ class TowerModel(keras.Model):
     def _tower_gradients(self, x, y, sample_weight, trainable):
         connected: list[int] = []
 
-        def tower_fn(shard, weight, recorders):
+        def tower_fn(shard, weight, losses):
             tx, ty, tsw = shard
             with tf.GradientTape() as tape:
                 y_pred = self._forward(tx, training=True)
                 loss, per_output = self._tower_loss(
-                    tx, ty, y_pred, tsw, weight, recorders, training=True
+                    tx, ty, y_pred, tsw, weight, losses, training=True
                 )
                 scaled = self.optimizer.scale_loss(loss)
             grads = tape.gradient(scaled, trainable)
             connected[:] = [j for j, g in enumerate(grads) if g is not None]
-            return [grads[j] for j in connected], loss, y_pred, per_output
+            return (
+                [grads[j] for j in connected],
+                loss,
+                y_pred,
+                per_output,
+                masks_of(y_pred),
+            )
 
-        per_tower, total = self._run_towers(tower_fn, (x, y, sample_weight))
-        loss = tf.add_n([t[1] for t in per_tower])
-        y_pred = concat_nest([t[2] for t in per_tower])
-        self._update_loss_metrics([t[3] for t in per_tower], y_pred)
+        def combine(per_tower):
+            loss, y_pred, per_output, masks = self._combine_losses(per_tower)
+            grads = [
+                sum_gradients([t[0][k] for t in per_tower])
+                for k in range(len(connected))
+            ]
+            return grads, loss, y_pred, per_output, masks
+
+        (grads, loss, y_pred, per_output, masks), total = self._split_run(
+            tower_fn, combine, (x, y, sample_weight)
+        )
+        y_pred = with_masks(y_pred, masks)
+        self._update_loss_metrics(per_output, y_pred)
         gradients = [None] * len(trainable)
         for k, j in enumerate(connected):
-            gradients[j] = sum_gradients([t[0][k] for t in per_tower])
+            gradients[j] = grads[k]
         return gradients, loss, y_pred, total
 
     def train_step(self, data):
@@ -421,18 +479,20 @@ class TowerModel(keras.Model):
                 return super().test_step(data)
         x, y, sample_weight = data_adapter_utils.unpack_x_y_sample_weight(data)
 
-        def tower_fn(shard, weight, recorders):
+        def tower_fn(shard, weight, losses):
             tx, ty, tsw = shard
             y_pred = self._forward(tx, training=False)
             loss, per_output = self._tower_loss(
-                tx, ty, y_pred, tsw, weight, recorders, training=False
+                tx, ty, y_pred, tsw, weight, losses, training=False
             )
-            return loss, y_pred, per_output
+            return (), loss, y_pred, per_output, masks_of(y_pred)
 
-        per_tower, _ = self._run_towers(tower_fn, (x, y, sample_weight))
-        loss = self._sum_over_workers(tf.add_n([t[0] for t in per_tower]))
-        y_pred = concat_nest([t[1] for t in per_tower])
-        self._update_loss_metrics([t[2] for t in per_tower], y_pred)
+        (loss, y_pred, per_output, masks), _ = self._split_run(
+            tower_fn, self._combine_losses, (x, y, sample_weight)
+        )
+        y_pred = with_masks(y_pred, masks)
+        loss = self._sum_over_workers(loss)
+        self._update_loss_metrics(per_output, y_pred)
 
         def update_metrics():
             self._loss_tracker.update_state(
@@ -448,11 +508,11 @@ class TowerModel(keras.Model):
                 return super().predict_step(data)
         x, _, _ = data_adapter_utils.unpack_x_y_sample_weight(data)
 
-        def tower_fn(shard, weight, recorders):
+        def tower_fn(shard, weight, losses):
             return self._forward(shard, training=False)
 
-        per_tower, _ = self._run_towers(tower_fn, x, across_workers=False)
-        return concat_nest(per_tower)
+        y_pred, _ = self._split_run(tower_fn, concat_nest, x, across_workers=False)
+        return y_pred
 
     def fit(self, *args, **kwargs):
         if self.num_workers > 1:
@@ -538,3 +598,35 @@ class TowerModel(keras.Model):
 @keras.saving.register_keras_serializable(package="kerastower")
 class FunctionalTowerModel(TowerModel, Functional):
     """The class of ``TowerModel(inputs, outputs)``: a functional `TowerModel`."""
+
+
+_FUNCTIONAL_CLASSES: dict[type, type] = {TowerModel: FunctionalTowerModel}
+
+
+def _functional_class(cls: type, args) -> type:
+    """The functional variant of a `TowerModel` subclass built from a graph.
+
+    ``M(inputs, outputs)`` for ``class M(TowerModel)`` (the keras.io pattern
+    for overriding `compute_loss` or `train_step`) is an instance of a class
+    deriving from both ``M`` and `FunctionalTowerModel`, made once per ``M``;
+    no class's bases are ever changed. It saves and loads under ``M``'s name.
+    """
+    if cls not in _FUNCTIONAL_CLASSES:
+        defines_call = any(
+            "call" in vars(base)
+            for base in cls.__mro__[: cls.__mro__.index(TowerModel)]
+        )
+        if defines_call:
+            raise ValueError(
+                f"{cls.__name__} subclasses TowerModel and defines `call`; "
+                "it cannot also be built from `inputs` and `outputs`. Build it "
+                f"without them, or drop `call`. Received: args={args!r}"
+            )
+        variant = type(
+            cls.__name__,
+            (cls, FunctionalTowerModel),
+            {"__module__": cls.__module__, "__qualname__": cls.__qualname__},
+        )
+        _keras_compat.register_alias(variant, cls)
+        _FUNCTIONAL_CLASSES[cls] = variant
+    return _FUNCTIONAL_CLASSES[cls]

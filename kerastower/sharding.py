@@ -8,11 +8,12 @@ predictions keep the input order.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Sequence
 from typing import Any
 
 import tensorflow as tf
+
+from kerastower import _keras_compat
 
 
 def first_leaf(structure: Any) -> tf.Tensor:
@@ -33,38 +34,75 @@ def split_nest(structure: Any, sizes: tf.Tensor, towers: int) -> list[Any]:
     ]
 
 
+def masks_of(structure: Any) -> dict[int, tf.Tensor]:
+    """The Keras masks of a nest's leaves, by leaf position.
+
+    Masks live on tensor attributes, which do not cross `Strategy.run`; a
+    tower returns them with this and `with_masks` puts them back.
+    """
+    flat = tf.nest.flatten(structure)
+    masks = {i: _keras_compat.get_keras_mask(t) for i, t in enumerate(flat)}
+    return {i: m for i, m in masks.items() if m is not None}
+
+
+def with_masks(structure: Any, masks: dict[int, tf.Tensor]) -> Any:
+    """Attaches masks from `masks_of` to (copies of) the nest's leaves."""
+    flat = [
+        tf.identity(t) if i in masks else t
+        for i, t in enumerate(tf.nest.flatten(structure))
+    ]
+    for i, mask in masks.items():
+        _keras_compat.set_keras_mask(flat[i], mask)
+    return tf.nest.pack_sequence_as(structure, flat)
+
+
 def concat_nest(per_tower: Sequence[Any]) -> Any:
-    """Concatenates per-tower nests along the batch axis, in tower order."""
-    return tf.nest.map_structure(lambda *shards: tf.concat(shards, axis=0), *per_tower)
+    """Concatenates per-tower nests along the batch axis, in tower order.
+
+    Keras masks carried by the shards (``Embedding(mask_zero=True)``, ...) are
+    concatenated too, so that metrics see the mask one device would.
+    """
+
+    def concat(*shards):
+        whole = tf.concat(shards, axis=0)
+        masks = [_keras_compat.get_keras_mask(shard) for shard in shards]
+        if all(mask is not None for mask in masks):
+            _keras_compat.set_keras_mask(whole, tf.concat(masks, axis=0))
+        return whole
+
+    return tf.nest.map_structure(concat, *per_tower)
 
 
 def sum_gradients(per_tower: Sequence[Any]) -> Any:
-    """Sums one variable's per-tower gradients (dense or `IndexedSlices`)."""
-    if isinstance(per_tower[0], tf.IndexedSlices):
-        return tf.IndexedSlices(
-            tf.concat([g.values for g in per_tower], axis=0),
-            tf.concat([g.indices for g in per_tower], axis=0),
-            per_tower[0].dense_shape,
-        )
-    return tf.add_n(list(per_tower))
+    """Sums one variable's per-tower gradients into the one-device gradient.
 
+    Dense gradients are added. Sparse ones (`tf.IndexedSlices`, from gathers
+    such as `Embedding`) are combined as one device would have made them, since
+    optimizers that are not linear in the gradient (Adam, RMSprop, Adagrad, ...)
+    treat each row of the slices on its own:
 
-class LossMetricRecorder:
-    """Stands in for a per-output loss metric while towers trace.
+    - rows whose count depends on the batch (a gather of the examples' token
+      ids, the usual case: the static row count is unknown) are concatenated
+      in tower order, which are one device's rows;
+    - rows whose count does not (a table gathered once per batch, such as
+      position embeddings gathered with ``range(length)``: the static row count
+      is known) are gathered once by one device, so the towers' rows are
+      merged by index and summed.
 
-    Keras updates one `Mean` per output inside `compute_loss`; inside towers
-    that would add one entry per tower. The recorder keeps each tower's value
-    so that `TowerModel` can update the real metric once with the global value.
+    The result stays sparse: a large table is never densified.
     """
-
-    def __init__(self):
-        self.values: dict[int, list[tf.Tensor]] = {}
-
-    def update_state(self, value, sample_weight=None):
-        self.values.setdefault(threading.get_ident(), []).append(value)
-
-    def pop(self) -> list[tf.Tensor]:
-        return self.values.pop(threading.get_ident(), [])
+    first = per_tower[0]
+    if len(per_tower) == 1:
+        return first
+    if not isinstance(first, tf.IndexedSlices):
+        return tf.add_n(list(per_tower))
+    values = tf.concat([g.values for g in per_tower], axis=0)
+    indices = tf.concat([g.indices for g in per_tower], axis=0)
+    if all(g.values.shape[:1].is_fully_defined() for g in per_tower):
+        unique, position = tf.unique(indices)
+        values = tf.math.unsorted_segment_sum(values, position, tf.size(unique))
+        indices = unique
+    return tf.IndexedSlices(values, indices, first.dense_shape)
 
 
 def local_results(strategy: tf.distribute.Strategy, outputs: Any) -> list[Any]:

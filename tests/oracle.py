@@ -23,15 +23,28 @@ def max_weight_diff(a: keras.Model, b: keras.Model) -> float:
     )
 
 
-def assert_same_weights(a, b, rtol=1e-5, atol=1e-6):
+# The project's tolerance for values computed through towers against one
+# device. Towers add the same numbers in another order, so the last float32 bit
+# (1.2e-7 relative) depends on the CPU's kernels: never compare at
+# `assert_allclose`'s default rtol=1e-7 (tests/test_tolerances.py checks this).
+RTOL = 1e-5
+ATOL = 1e-6
+
+
+def assert_close(actual, expected, rtol=RTOL, atol=ATOL, err_msg=""):
+    """`assert_allclose` at the project's tolerance."""
+    np.testing.assert_allclose(actual, expected, rtol=rtol, atol=atol, err_msg=err_msg)
+
+
+def assert_same_weights(a, b, rtol=RTOL, atol=ATOL):
     for u, v in zip(a.get_weights(), b.get_weights(), strict=True):
-        np.testing.assert_allclose(u, v, rtol=rtol, atol=atol)
+        assert_close(u, v, rtol=rtol, atol=atol)
 
 
-def assert_same_history(ha: dict, hb: dict, rtol=1e-5, atol=1e-6):
+def assert_same_history(ha: dict, hb: dict, rtol=RTOL, atol=ATOL):
     assert sorted(ha) == sorted(hb)
     for key in ha:
-        np.testing.assert_allclose(ha[key], hb[key], rtol=rtol, atol=atol, err_msg=key)
+        assert_close(ha[key], hb[key], rtol=rtol, atol=atol, err_msg=key)
 
 
 def mlp(inputs=5, hidden=7, outputs=1, seed=0, **dense_kwargs):

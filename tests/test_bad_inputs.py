@@ -15,7 +15,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from oracle import assert_same_weights, mlp, regression_data, twin
+from oracle import assert_close, assert_same_weights, mlp, regression_data, twin
 
 import kerastower
 from kerastower.callbacks import BatchScaling, ChiefCheckpoint, GradientAccumulation
@@ -351,7 +351,7 @@ def test_data_y_with_more_columns_than_outputs_broadcasts_as_keras_does():
     for m in (plain, towered):
         m.compile(optimizer="sgd", loss="mse")
     expected = plain.fit(X, y, **FIT).history["loss"]
-    np.testing.assert_allclose(towered.fit(X, y, **FIT).history["loss"], expected)
+    assert_close(towered.fit(X, y, **FIT).history["loss"], expected)
 
 
 @quiet("data-batch-size-zero")
@@ -360,7 +360,7 @@ def test_data_batch_size_zero_means_the_keras_default():
     for m in (plain, towered):
         m.compile(optimizer="sgd", loss="mse")
     expected = plain.fit(X, Y, **{**FIT, "batch_size": 0}).history["loss"]
-    np.testing.assert_allclose(
+    assert_close(
         towered.fit(X, Y, **{**FIT, "batch_size": 0}).history["loss"], expected
     )
     assert int(towered.optimizer.iterations) == 1  # one batch of up to 32

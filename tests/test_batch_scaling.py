@@ -13,7 +13,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from oracle import mlp, regression_data
+from oracle import assert_close, mlp, regression_data
 
 import kerastower
 from kerastower import scaling
@@ -225,7 +225,7 @@ def test_towers_match_one_device_with_the_same_global_batch():
         )
         assert cb.target_learning_rate == pytest.approx(0.1)
     for u, v in zip(plain.get_weights(), towered.get_weights(), strict=True):
-        np.testing.assert_allclose(u, v, rtol=1e-5, atol=1e-6)
+        assert_close(u, v)
 
 
 def test_schedule_value_is_scaled():

@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 from oracle import (
+    assert_close,
     assert_same_history,
     assert_same_weights,
     mlp,
@@ -201,7 +202,7 @@ def test_multi_input_multi_output_with_dict_losses_and_loss_weights():
     pa = plain.predict({"a": xa, "b": xb}, batch_size=4, verbose=0)
     pb = towered.predict({"a": xa, "b": xb}, batch_size=4, verbose=0)
     for key in pa:
-        np.testing.assert_allclose(pa[key], pb[key], rtol=1e-5, atol=1e-6)
+        assert_close(pa[key], pb[key])
 
 
 class CustomLossModel(keras.Model):
@@ -260,8 +261,11 @@ def test_batch_normalization_is_synchronised_by_default(towers):
         batch_size=9,
         epochs=2,
     )
-    assert_same_history(ha, hb, rtol=1e-4)
-    assert_same_weights(plain, towered, rtol=1e-4, atol=1e-5)
+    assert_same_history(ha, hb)
+    # Measured max |dw| 1.5e-6 on 2 towers (6e-8 on 3 and 4): synchronised
+    # BatchNormalization computes the variance as E[x^2] - E[x]^2 from sums
+    # all-reduced over towers, where one device subtracts the mean first.
+    assert_same_weights(plain, towered, atol=1e-5)
     bn = [layer for layer in towered.layers if "batch_normalization" in layer.name]
     assert bn[0].synchronized is False  # the layer's own setting is restored
 
@@ -302,20 +306,16 @@ def test_evaluate_matches_one_device(towers):
         b = towered.evaluate(x, y, batch_size=batch_size, verbose=0, return_dict=True)
         assert a.keys() == b.keys()
         for key in a:
-            np.testing.assert_allclose(a[key], b[key], rtol=1e-5)
+            assert_close(a[key], b[key])
 
 
 def test_predict_preserves_values_and_order_for_arrays_and_datasets():
     x, _ = regression_data(n=23)
     plain, towered = twin(mlp, 4)
     expected = plain.predict(x, batch_size=5, verbose=0)
-    np.testing.assert_allclose(
-        towered.predict(x, batch_size=5, verbose=0), expected, rtol=1e-5, atol=1e-6
-    )
+    assert_close(towered.predict(x, batch_size=5, verbose=0), expected)
     dataset = tf.data.Dataset.from_tensor_slices(x).batch(6)
-    np.testing.assert_allclose(
-        towered.predict(dataset, verbose=0), expected, rtol=1e-5, atol=1e-6
-    )
+    assert_close(towered.predict(dataset, verbose=0), expected)
     # Order: a model that returns its input returns the inputs in order.
     inputs = keras.Input((5,))
     identity = kerastower.TowerModel(inputs, keras.layers.Identity()(inputs), towers=3)
@@ -370,8 +370,8 @@ def test_jit_compile():
         batch_size=6,
         epochs=2,
     )
-    assert_same_history(ha, hb, rtol=1e-4)
-    assert_same_weights(plain, towered, rtol=1e-4)
+    assert_same_history(ha, hb)
+    assert_same_weights(plain, towered)
 
 
 @pytest.mark.parametrize("towers", [2, 4])

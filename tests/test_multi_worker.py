@@ -10,6 +10,7 @@ from pathlib import Path
 import keras
 import numpy as np
 import pytest
+from oracle import assert_close
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "multi_worker.py"
 sys.path.insert(0, str(EXAMPLE.parent))
@@ -61,19 +62,14 @@ def test_two_workers_train_like_one_device_on_the_union_of_their_batches(tmp_pat
             plain.train_on_batch(xb, yb)
         losses.append(total / 20)
     for a, b in zip(plain.get_weights(), w0, strict=True):
-        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+        assert_close(a, b)
 
-    np.testing.assert_allclose(
-        np.load(tmp_path / "predictions.npy"),
-        plain.predict(x0, verbose=0),
-        rtol=1e-5,
-        atol=1e-6,
-    )
+    assert_close(np.load(tmp_path / "predictions.npy"), plain.predict(x0, verbose=0))
 
     # Every worker reports the global loss, the mean over all 20 examples.
     for index in (0, 1):
         history = json.loads((tmp_path / f"history{index}.json").read_text())
-        np.testing.assert_allclose(history["loss"], losses, rtol=1e-5)
+        assert_close(history["loss"], losses)
 
     # Only the chief's checkpoints exist, and nothing temporary is left.
     files = sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*"))
@@ -103,7 +99,7 @@ def test_accumulation_across_workers_matches_one_device(tmp_path):
     for a, b in zip(w0, w1, strict=True):
         np.testing.assert_array_equal(a, b)
     for a, b in zip(plain.get_weights(), load(tmp_path / "worker1.npz"), strict=True):
-        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+        assert_close(a, b)
 
 
 @pytest.mark.slow

@@ -4,7 +4,7 @@ import keras
 import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
-from oracle import mlp, twin
+from oracle import assert_close, mlp, twin
 
 LARGEST_DIFF = {"value": 0.0}
 
@@ -51,17 +51,13 @@ def test_towers_match_one_device(setup):
         )
         histories.append(history.history)
     for key in histories[0]:
-        np.testing.assert_allclose(
-            histories[0][key], histories[1][key], rtol=1e-5, atol=1e-6
-        )
+        assert_close(histories[0][key], histories[1][key])
     for a, b in zip(plain.get_weights(), towered.get_weights(), strict=True):
-        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+        assert_close(a, b)
         LARGEST_DIFF["value"] = max(LARGEST_DIFF["value"], float(np.abs(a - b).max()))
-    np.testing.assert_allclose(
+    assert_close(
         plain.predict(x, batch_size=batch_size, verbose=0),
         towered.predict(x, batch_size=batch_size, verbose=0),
-        rtol=1e-5,
-        atol=1e-6,
     )
 
 

@@ -1,0 +1,130 @@
+"""How each tower's loss is weighted so that the towers add up to one device.
+
+This module is the one place that holds the rule.
+
+**Compiled losses.** For a compiled loss one device computes ``L = S / D``:
+``S`` is the weighted sum of the per-element losses and ``D`` the divisor of
+the loss's reduction (`kerastower._keras_compat.divisor`): the number of loss
+elements, of unmasked elements when a Keras mask or ``ignore_class`` is
+present, or the sum of sample weights for ``"mean_with_sample_weight"``.
+Tower ``i`` computes ``L_i = S_i / D_i`` on its shard. Both ``S`` and ``D``
+add up over shards, so
+
+``L = sum_i S_i / sum_i D_i = sum_i (D_i / D) * L_i``.
+
+A ``"sum"``-reduced loss is ``L = sum_i L_i``: every tower weighs 1.
+
+**Everything else** in the model's loss (regularization, ``add_loss`` terms, a
+custom ``compute_loss``) is taken to be a batch mean, and tower ``i`` weighs
+its share of the examples, ``n_i / B`` (``B`` is the global batch, all towers
+of all workers). Weight regularizers are identical on every tower, so they
+are counted exactly once; a term that sums over the batch is not split
+exactly, as under stock `MirroredStrategy`.
+
+`TowerModel` multiplies each tower's whole loss by ``n_i / B``; a compiled
+loss therefore returns ``L_i * t_i * B / n_i``, where ``t_i`` is its tower
+weight above, so that the product is ``t_i * L_i``.
+
+Across workers, compiled losses weigh each worker by its share of the
+examples (``D`` is summed over this worker's towers): exact for unmasked
+losses, an approximation for masked ones whose workers hold different
+fractions of valid elements.
+"""
+
+from __future__ import annotations
+
+import tensorflow as tf
+
+from kerastower import _keras_compat
+
+
+def sum_over_towers(value: tf.Tensor) -> tf.Tensor:
+    """Sums a tensor over the towers of this step (identity outside towers)."""
+    context = tf.distribute.get_replica_context()
+    return context.all_reduce(tf.distribute.ReduceOp.SUM, value)
+
+
+def compiled_loss_factor(
+    divisor: tf.Tensor, total_divisor: tf.Tensor, examples: tf.Tensor, worker_examples
+) -> tf.Tensor:
+    """``(D_i / D) * (B_w / n_i)``: what a normalised tower loss is scaled by.
+
+    Args:
+        divisor: ``D_i``, this tower's divisor.
+        total_divisor: ``D``, the sum of the divisors over this worker's towers.
+        examples: ``n_i``, this tower's examples.
+        worker_examples: ``B_w``, this worker's examples (all its towers).
+
+    Returns:
+        The factor; 0 where ``D`` or ``n_i`` is 0 (nothing to weigh).
+    """
+    return tf.math.divide_no_nan(divisor, total_divisor) * tf.math.divide_no_nan(
+        worker_examples, examples
+    )
+
+
+class TowerLoss:
+    """Stands in for one compiled loss while the towers trace, and records it.
+
+    Calls the Keras loss unchanged and records, for the calling tower, its
+    value and its divisor ``D_i``. `weigh_compiled_losses` turns the records
+    into each loss's tower weight once the tower's loss is complete: summing
+    the divisors over towers synchronises the towers, and a tower must have
+    read the model's ``losses`` (which Keras keeps on the layers, shared by
+    all towers) before another tower runs its forward pass.
+
+    Args:
+        loss: The Keras loss (a `keras.losses.Loss` or a loss callable).
+        records: Where each tower's records go, keyed by its replica context.
+    """
+
+    def __init__(self, loss, records: dict):
+        self.loss = loss
+        self.reduction = getattr(loss, "reduction", "sum_over_batch_size")
+        self.records = records
+
+    def __call__(self, y_true, y_pred, sample_weight=None):
+        value = self.loss(y_true, y_pred, sample_weight)
+        examples = tf.cast(tf.shape(tf.nest.flatten(y_pred)[0])[0], tf.float32)
+        divisor = None
+        if self.reduction != "sum":
+            divisor = _keras_compat.loss_divisor(
+                self.loss, y_true, y_pred, sample_weight
+            )
+            if divisor is None:  # a batch mean
+                divisor = examples
+        context = tf.distribute.get_replica_context()
+        self.records.setdefault(context, []).append((value, divisor, examples))
+        return value
+
+
+def weigh_compiled_losses(records, global_batch: tf.Tensor) -> list[tf.Tensor]:
+    """Each recorded compiled loss's factor ``t_i * B / n_i`` (see module).
+
+    Args:
+        records: This tower's ``(value, divisor, examples)`` per compiled loss,
+            in the order Keras computed them; ``divisor`` is ``None`` for
+            ``"sum"`` reductions.
+        global_batch: ``B``, the examples of the step on all towers and
+            workers, float32.
+
+    Returns:
+        One float32 factor per record. Every tower must call this once, with
+        records of the same losses: it sums the divisors over the towers.
+    """
+    if not records:
+        return []
+    examples = records[0][2]
+    local = tf.stack(
+        [examples] + [d if d is not None else examples for _, d, _ in records]
+    )
+    totals = sum_over_towers(local)
+    factors = []
+    for k, (_, divisor, _) in enumerate(records, start=1):
+        if divisor is None:
+            factors.append(tf.math.divide_no_nan(global_batch, examples))
+        else:
+            factors.append(
+                compiled_loss_factor(divisor, totals[k], examples, totals[0])
+            )
+    return factors

@@ -1,0 +1,321 @@
+"""Towers equal one device on the models people train most (issue 13).
+
+Sparse gradients (embeddings gathered per example and tables gathered once
+per batch) with optimizers that are not linear in the gradient, masked and
+``ignore_class`` sequence losses whose towers hold different numbers of valid
+tokens, every reduction Keras has, and layers that used to break on towers
+with no example (batches smaller than the number of towers).
+"""
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+from oracle import assert_close, assert_same_history, assert_same_weights, twin
+
+import kerastower
+from kerastower import _keras_compat
+from kerastower.sharding import sum_gradients
+
+RNG = np.random.default_rng(0)
+
+
+def fit_and_compare(build, x, y, compile_kwargs, towers=3, sample_weight=None, **fit):
+    plain, towered = twin(build, towers)
+    histories = []
+    for model in (plain, towered):
+        model.compile(**compile_kwargs())
+        histories.append(
+            model.fit(
+                x, y, sample_weight=sample_weight, shuffle=False, verbose=0, **fit
+            ).history
+        )
+    assert_same_history(*histories)
+    assert_same_weights(plain, towered)
+    batch = fit.get("batch_size", 32)
+    a = plain.evaluate(x, y, batch_size=batch, verbose=0, return_dict=True)
+    b = towered.evaluate(x, y, batch_size=batch, verbose=0, return_dict=True)
+    assert a.keys() == b.keys()
+    for key in a:
+        assert_close(b[key], a[key], err_msg=key)
+    expected = tf.nest.flatten(plain.predict(x, batch_size=batch, verbose=0))
+    got = tf.nest.flatten(towered.predict(x, batch_size=batch, verbose=0))
+    assert len(got) == len(expected)
+    for g, e in zip(got, expected):
+        assert_close(g, e)
+    return plain, towered
+
+
+class TokenAndPosition(keras.layers.Layer):
+    """The keras.io Transformer's embedding: a position table gathered once."""
+
+    def __init__(self, length=6, vocab=30, dim=8, **kwargs):
+        super().__init__(**kwargs)
+        self.length = length
+        self.tokens = keras.layers.Embedding(vocab, dim)
+        self.positions = keras.layers.Embedding(length, dim)
+
+    def call(self, x):
+        return self.tokens(x) + self.positions(keras.ops.arange(self.length))
+
+
+def token_position_model():
+    keras.utils.set_random_seed(0)
+    inputs = keras.Input((6,), dtype="int32")
+    h = TokenAndPosition()(inputs)
+    h = keras.layers.GlobalAveragePooling1D()(h)
+    return keras.Model(inputs, keras.layers.Dense(1)(h))
+
+
+TOKENS = RNG.integers(0, 5, size=(22, 6))  # few tokens: many duplicates
+TARGETS = RNG.normal(size=(22, 1)).astype("float32")
+
+
+@pytest.mark.parametrize(
+    "optimizer",
+    [
+        lambda: keras.optimizers.SGD(0.1, momentum=0.9),
+        lambda: keras.optimizers.Adam(0.01),
+        lambda: keras.optimizers.AdamW(0.01),
+        lambda: keras.optimizers.RMSprop(0.01),
+        lambda: keras.optimizers.Adagrad(0.1),
+        lambda: keras.optimizers.Nadam(0.01),
+        lambda: keras.optimizers.Lion(0.01),
+        lambda: keras.optimizers.Adam(0.01, clipnorm=0.1),
+        lambda: keras.optimizers.Adam(0.01, global_clipnorm=0.1),
+    ],
+    ids=[
+        "sgd-momentum",
+        "adam",
+        "adamw",
+        "rmsprop",
+        "adagrad",
+        "nadam",
+        "lion",
+        "adam-clipnorm",
+        "adam-global-clipnorm",
+    ],
+)
+def test_sparse_gradients_with_any_optimizer(optimizer):
+    fit_and_compare(
+        token_position_model,
+        TOKENS,
+        TARGETS,
+        lambda: dict(optimizer=optimizer(), loss="mse"),
+        towers=4,
+        batch_size=7,
+        epochs=2,
+    )
+
+
+def test_combined_sparse_gradients_stay_sparse():
+    def slices(rows, indices):
+        return tf.IndexedSlices(
+            tf.constant(rows, tf.float32), tf.constant(indices), tf.constant([5, 2])
+        )
+
+    # Rows of gathers over the examples: one device has every row, in order.
+    @tf.function(input_signature=[tf.TensorSpec([None, 2]), tf.TensorSpec([None, 2])])
+    def per_example(a, b):
+        first = tf.IndexedSlices(a, tf.range(tf.shape(a)[0]), tf.constant([5, 2]))
+        second = tf.IndexedSlices(b, tf.range(tf.shape(b)[0]), tf.constant([5, 2]))
+        combined = sum_gradients([first, second])
+        assert isinstance(combined, tf.IndexedSlices)
+        return combined.values, combined.indices
+
+    values, indices = per_example(tf.ones((2, 2)), 2 * tf.ones((1, 2)))
+    assert indices.numpy().tolist() == [0, 1, 0]
+    assert_close(values, [[1, 1], [1, 1], [2, 2]])
+    # A table gathered once per batch: the towers' rows merge by index.
+    merged = sum_gradients(
+        [slices([[1, 1], [2, 2]], [3, 1]), slices([[5, 5], [7, 7]], [3, 1])]
+    )
+    assert isinstance(merged, tf.IndexedSlices)
+    assert merged.indices.numpy().tolist() == [3, 1]
+    assert_close(merged.values, [[6, 6], [9, 9]])
+
+
+def tagger(mask_zero=True, recurrent=True):
+    def build():
+        keras.utils.set_random_seed(0)
+        inputs = keras.Input((7,), dtype="int32")
+        h = keras.layers.Embedding(20, 8, mask_zero=mask_zero)(inputs)
+        if recurrent:
+            h = keras.layers.LSTM(8, return_sequences=True)(h)
+        elif mask_zero:  # per-step layers that keep the mask
+            h = keras.layers.Dense(8, activation="tanh")(h)
+        else:
+            h = keras.layers.Conv1D(8, 3, padding="same")(h)
+        return keras.Model(inputs, keras.layers.Dense(3)(h))
+
+    return build
+
+
+def padded_sequences(n=22, length=7):
+    x = RNG.integers(1, 20, size=(n, length))
+    for row in range(n):  # towers hold very different numbers of tokens
+        x[row, RNG.integers(1, length) :] = 0
+    return x, RNG.integers(0, 3, size=(n, length))
+
+
+SEQUENCES, TAGS = padded_sequences()
+
+
+@pytest.mark.parametrize("recurrent", [True, False], ids=["lstm", "dense"])
+def test_masked_sequence_loss(recurrent):
+    fit_and_compare(
+        tagger(recurrent=recurrent),
+        SEQUENCES,
+        TAGS,
+        lambda: dict(
+            optimizer=keras.optimizers.SGD(0.1),
+            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+            metrics=["accuracy"],
+        ),
+        batch_size=7,
+        epochs=2,
+    )
+
+
+def test_ignore_class_per_step_tagger():
+    labels = np.where(SEQUENCES == 0, -1, TAGS)
+    fit_and_compare(
+        tagger(mask_zero=False, recurrent=False),
+        SEQUENCES,
+        labels,
+        lambda: dict(
+            optimizer=keras.optimizers.Adam(0.01),
+            loss=keras.losses.SparseCategoricalCrossentropy(
+                from_logits=True, ignore_class=-1
+            ),
+        ),
+        batch_size=7,
+        epochs=2,
+    )
+
+
+@pytest.mark.parametrize(
+    "reduction", ["sum_over_batch_size", "mean", "sum", "mean_with_sample_weight"]
+)
+def test_every_reduction_with_mask_and_per_step_sample_weights(reduction):
+    weights = RNG.uniform(0.2, 2.0, size=TAGS.shape).astype("float32")
+    fit_and_compare(
+        tagger(),
+        SEQUENCES,
+        TAGS,
+        lambda: dict(
+            optimizer=keras.optimizers.SGD(0.05),
+            loss=keras.losses.SparseCategoricalCrossentropy(
+                from_logits=True, reduction=reduction
+            ),
+        ),
+        sample_weight=weights,
+        batch_size=7,
+        epochs=2,
+    )
+
+
+def test_multi_output_mixing_masked_and_plain_losses():
+    def build():
+        keras.utils.set_random_seed(0)
+        inputs = keras.Input((7,), dtype="int32")
+        h = keras.layers.Embedding(20, 8, mask_zero=True)(inputs)
+        h = keras.layers.LSTM(8, return_sequences=True)(h)
+        tags = keras.layers.Dense(3, name="tags")(h)
+        score = keras.layers.Dense(1, name="score")(
+            keras.layers.GlobalAveragePooling1D()(h)
+        )
+        return keras.Model(inputs, {"tags": tags, "score": score})
+
+    fit_and_compare(
+        build,
+        SEQUENCES,
+        {"tags": TAGS, "score": RNG.normal(size=(22, 1)).astype("float32")},
+        lambda: dict(
+            optimizer=keras.optimizers.Adam(0.01),
+            loss={
+                "tags": keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                "score": keras.losses.MeanSquaredError(reduction="sum"),
+            },
+            loss_weights={"tags": 1.0, "score": 0.5},
+        ),
+        batch_size=7,
+        epochs=2,
+    )
+
+
+def conv_model(layer):
+    def build():
+        keras.utils.set_random_seed(0)
+        inputs = keras.Input((8, 8, 3))
+        h = layer()(inputs)
+        h = keras.layers.BatchNormalization()(h)
+        h = keras.layers.GlobalAveragePooling2D()(h)
+        return keras.Model(inputs, keras.layers.Dense(5)(h))
+
+    return build
+
+
+LAYERS = {
+    "conv2d": lambda: keras.layers.Conv2D(4, 3),
+    "depthwise": lambda: keras.layers.DepthwiseConv2D(3),
+    "separable": lambda: keras.layers.SeparableConv2D(4, 3),
+    "transposed": lambda: keras.layers.Conv2DTranspose(4, 3),
+    "max-pool": lambda: keras.layers.MaxPooling2D(2),
+}
+
+
+@pytest.mark.parametrize("run_eagerly", [False, True], ids=["graph", "eager"])
+@pytest.mark.parametrize("layer", list(LAYERS))
+def test_batches_smaller_than_the_towers(layer, run_eagerly):
+    # 22 examples in batches of 5 on 3 towers: the last batch of 2 leaves a
+    # tower without an example, which crashed oneDNN convolutions.
+    x = RNG.normal(size=(22, 8, 8, 3)).astype("float32")
+    y = RNG.integers(0, 5, size=(22,))
+    fit_and_compare(
+        conv_model(LAYERS[layer]),
+        x,
+        y,
+        lambda: dict(
+            optimizer="sgd",
+            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+            metrics=["accuracy"],
+            run_eagerly=run_eagerly,
+        ),
+        batch_size=5,
+        epochs=1,
+    )
+
+
+def test_a_changed_keras_reduction_is_an_error_not_a_model(monkeypatch):
+    from keras.src.losses import loss as loss_module
+
+    real = loss_module.reduce_weighted_values
+
+    def changed(values, sample_weight=None, mask=None, reduction="sum", dtype=None):
+        value = real(values, sample_weight, mask, reduction, dtype)
+        return value if reduction == "sum" else value * 2.0
+
+    monkeypatch.setattr(loss_module, "reduce_weighted_values", changed)
+    _keras_compat.check_reductions.cache_clear()
+    try:
+        x, y = padded_sequences(6)
+        model = kerastower.TowerModel.from_model(tagger()(), towers=2)
+        model.compile(
+            optimizer="sgd", loss=keras.losses.SparseCategoricalCrossentropy()
+        )
+        with pytest.raises(
+            _keras_compat.KerasCompatibilityError, match="reduce_weighted_values"
+        ):
+            model.fit(x, y, batch_size=6, verbose=0)
+    finally:
+        monkeypatch.undo()
+        _keras_compat.check_reductions.cache_clear()
+
+
+def test_missing_keras_hook_is_an_error(monkeypatch):
+    from keras.src.losses import loss as loss_module
+
+    monkeypatch.delattr(loss_module, "apply_mask")
+    with pytest.raises(_keras_compat.KerasCompatibilityError, match="apply_mask"):
+        _keras_compat._loss_module()

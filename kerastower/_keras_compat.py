@@ -10,6 +10,7 @@ the Keras version, never a silently different model.
 from __future__ import annotations
 
 import functools
+import inspect
 
 import keras
 import numpy as np
@@ -59,6 +60,33 @@ def register_alias(alias: type, cls: type) -> None:
         )
     if cls in names:
         names[alias] = names[cls]
+
+
+def override_batch_norm_moments(layer, moments) -> None:
+    """Makes a `BatchNormalization` layer compute its batch statistics with
+    ``moments(inputs, reduction_axes, mask)``; undo with `restore_batch_norm`.
+
+    Raises:
+        KerasCompatibilityError: If the layer no longer computes its
+            statistics in ``_moments(inputs, mask)`` over ``_reduction_axes``.
+    """
+    method = getattr(type(layer), "_moments", None)
+    if not callable(method) or list(inspect.signature(method).parameters) != [
+        "self",
+        "inputs",
+        "mask",
+    ]:
+        raise _fail(
+            "BatchNormalization._moments(inputs, mask)", "is missing or changed"
+        )
+    if not hasattr(layer, "_reduction_axes"):
+        raise _fail("BatchNormalization._reduction_axes", "is missing")
+    layer._moments = lambda inputs, mask: moments(inputs, layer._reduction_axes, mask)
+
+
+def restore_batch_norm(layer) -> None:
+    """Undoes `override_batch_norm_moments`."""
+    vars(layer).pop("_moments", None)
 
 
 def get_keras_mask(tensor) -> tf.Tensor | None:

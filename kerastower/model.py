@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import re
 import warnings
 from collections.abc import Sequence
 from typing import Any, NamedTuple
@@ -15,6 +16,7 @@ from keras.src.trainers.data_adapters import data_adapter_utils
 
 from kerastower import _keras_compat, cluster, multi_worker
 from kerastower import devices as devices_lib
+from kerastower.batch_norm import global_moments
 from kerastower.loss_weighting import TowerLoss, weigh_compiled_losses
 from kerastower.sharding import (
     concat_nest,
@@ -27,6 +29,19 @@ from kerastower.sharding import (
 )
 from kerastower.splitting import tensor_split_sizes
 from kerastower.strategy import TowerStrategy
+
+
+def _warn_once(caught: list[warnings.WarningMessage]) -> None:
+    """Re-raises recorded warnings, each distinct one once."""
+    seen = set()
+    for record in caught:
+        text = re.sub(r"replica_\d+/", "", str(record.message))
+        key = (record.category, text, record.filename, record.lineno)
+        if key not in seen:
+            seen.add(key)
+            warnings.warn_explicit(
+                record.message, record.category, record.filename, record.lineno
+            )
 
 
 class _IgnoredMetric:
@@ -74,9 +89,10 @@ class TowerModel(keras.Model):
     needed and weights files are interchangeable with a plain `keras.Model`.
 
     `BatchNormalization` layers are synchronised across towers during training
-    (statistics over the global batch, weighted by example count), so they
-    match one device. Pass ``sync_batch_norm=False`` to keep each layer's own
-    ``synchronized`` setting (per-tower statistics, as stock `MirroredStrategy`).
+    (two-pass mean and variance of the global batch, masks included; see
+    `kerastower.batch_norm`), so they match one device. Pass
+    ``sync_batch_norm=False`` to keep each layer's own ``synchronized``
+    setting (per-tower statistics, as stock `MirroredStrategy`).
 
     Example:
 
@@ -191,9 +207,13 @@ class TowerModel(keras.Model):
             # have no `call` to build from: Keras defers the build to the trace.
             return super()._maybe_symbolic_build(iterator, data_batch)
         # Keras defers building loss and metric state to the first trace,
-        # which for towers would happen inside the tower strategy.
+        # which for towers would happen inside the tower strategy. The build
+        # calls the model once more than one device does: the warnings its
+        # layers raise are raised again by the step's trace, so drop them here.
         try:
-            self._symbolic_build(iterator=iterator, data_batch=data_batch)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                self._symbolic_build(iterator=iterator, data_batch=data_batch)
         except StopIteration:
             pass  # no data: Keras warns that the input ran out, as on one device
 
@@ -212,8 +232,8 @@ class TowerModel(keras.Model):
         if sync_batch_norm and self.sync_batch_norm:
             for layer in self._flatten_layers(include_self=False):
                 if isinstance(layer, keras.layers.BatchNormalization):
-                    patched.append((layer, layer.synchronized))
-                    layer.synchronized = True
+                    _keras_compat.override_batch_norm_moments(layer, global_moments)
+                    patched.append(layer)
         compile_loss = getattr(self, "_compile_loss", None)
         real_metrics = list(getattr(compile_loss, "_metrics", None) or [])
         if real_metrics:
@@ -232,8 +252,8 @@ class TowerModel(keras.Model):
         try:
             yield _TowerLosses(records, loss_weights, global_batch, bool(real_metrics))
         finally:
-            for layer, value in patched:
-                layer.synchronized = value
+            for layer in patched:
+                _keras_compat.restore_batch_norm(layer)
             if real_metrics:
                 compile_loss._metrics = real_metrics
             if real_losses:
@@ -298,7 +318,13 @@ class TowerModel(keras.Model):
                 with tf.device(self._tower_devices[0]):
                     return combine([tower_fn(data, weight, losses)])
 
-        return tf.cond(batch >= self.num_towers, on_towers, on_one_tower), total
+        # Each tower, and the one-tower branch, traces the model: a warning
+        # raised by a layer would print once per tower. Show each once.
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            result = tf.cond(batch >= self.num_towers, on_towers, on_one_tower)
+        _warn_once(caught)
+        return result, total
 
     def _run_towers(self, tower_fn, data, batch, total):
         """Splits `data` into shards and runs `tower_fn` on every tower."""

@@ -147,3 +147,23 @@ def test_train_step_override_without_call_trains_as_keras_model():
     assert_same_history(*histories)
     for a, b in zip(plain.net.get_weights(), towered.net.get_weights(), strict=True):
         np.testing.assert_array_equal(a, b)  # the same step on one device: exact
+
+
+class Chatty(keras.layers.Layer):
+    def call(self, x):
+        warnings.warn("chatty layer called", UserWarning, stacklevel=1)
+        return x
+
+
+def test_a_warning_raised_in_a_step_is_shown_as_often_as_on_one_device():
+    def count(model_class, **kwargs):
+        inputs = keras.Input((5,))
+        outputs = keras.layers.Dense(1)(Chatty()(inputs))
+        model = model_class(inputs, outputs, **kwargs)
+        model.compile(optimizer="sgd", loss="mse")
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            model.train_on_batch(X[:7], Y[:7])
+        return [str(w.message) for w in caught].count("chatty layer called")
+
+    assert count(kerastower.TowerModel, towers=3) == count(keras.Model) >= 1

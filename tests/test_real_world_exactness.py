@@ -319,3 +319,58 @@ def test_missing_keras_hook_is_an_error(monkeypatch):
     monkeypatch.delattr(loss_module, "apply_mask")
     with pytest.raises(_keras_compat.KerasCompatibilityError, match="apply_mask"):
         _keras_compat._loss_module()
+
+
+class PenaltyLayer(keras.layers.Layer):
+    """Adds ``reduce(x ** 2)`` over the batch with `add_loss`."""
+
+    def __init__(self, reduce="mean", **kwargs):
+        super().__init__(**kwargs)
+        self.reduce = reduce
+        self.dense = keras.layers.Dense(2)
+
+    def call(self, x):
+        squares = keras.ops.sum(keras.ops.square(x), axis=-1)
+        reduce = keras.ops.mean if self.reduce == "mean" else keras.ops.sum
+        self.add_loss(0.1 * reduce(squares))
+        return self.dense(x)
+
+
+def penalty_model(reduce):
+    def build():
+        keras.utils.set_random_seed(0)
+        inputs = keras.Input((4,))
+        return keras.Model(inputs, PenaltyLayer(reduce)(inputs))
+
+    return build
+
+
+def test_add_loss_batch_mean_is_exact():
+    x = RNG.normal(size=(22, 4)).astype("float32")
+    y = RNG.normal(size=(22, 2)).astype("float32")
+    fit_and_compare(
+        penalty_model("mean"),
+        x,
+        y,
+        lambda: dict(optimizer=keras.optimizers.SGD(0.05), loss="mse"),
+        batch_size=7,
+        epochs=2,
+    )
+
+
+def test_add_loss_batch_sum_is_weighted_as_a_mean():
+    # Keras gives add_loss terms no reduction: towers weight each tower's term
+    # by n_i / B, which is right for a batch mean and, for a batch sum, gives
+    # sum_i (n_i / B) * S_i instead of one device's sum_i S_i (docs: Concepts).
+    x = RNG.normal(size=(10, 4)).astype("float32")
+    plain, towered = twin(penalty_model("sum"), 3)
+    for model in (plain, towered):
+        model.compile(optimizer="sgd")
+    squares = 0.1 * np.sum(x**2, axis=-1)
+    sizes = kerastower.split_sizes(10, 3)
+    shards = np.split(squares, np.cumsum(sizes)[:-1])
+    rule = sum(size / 10 * shard.sum() for size, shard in zip(sizes, shards))
+    one_device = plain.evaluate(x, batch_size=10, verbose=0)
+    assert_close(one_device, squares.sum())
+    assert_close(towered.evaluate(x, batch_size=10, verbose=0), rule)
+    assert abs(rule - squares.sum()) > 0.1 * squares.sum()  # really differs

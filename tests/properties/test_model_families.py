@@ -1,0 +1,209 @@
+"""Property: towers equal one device across model families, losses and optimizers.
+
+Hypothesis draws a model family (dense, embeddings with or without a mask,
+per-timestep LSTM and Conv1D taggers, BatchNormalization, a convolutional
+stack with BatchNormalization, a multi-output dict), a loss that fits it
+(mean, masked, ``ignore_class``, ``"sum"``, sample or class weights), an
+optimizer (Adam and friends on sparse embedding gradients included), 1-4
+towers and batch sizes 1-33, so that uneven splits and batches smaller than
+the tower count occur. Weights, history, evaluation and predictions must
+equal a plain `keras.Model` on one device.
+"""
+
+import keras
+import numpy as np
+from hypothesis import given
+from hypothesis import strategies as st
+from oracle import assert_close, assert_same_history, assert_same_weights, twin
+
+LENGTH, VOCAB, CLASSES = 6, 12, 3
+
+OPTIMIZERS = {
+    "sgd": lambda: keras.optimizers.SGD(0.05),
+    "momentum": lambda: keras.optimizers.SGD(0.05, momentum=0.9),
+    "adam": lambda: keras.optimizers.Adam(0.01),
+    "adagrad": lambda: keras.optimizers.Adagrad(0.05),
+    "rmsprop_clip": lambda: keras.optimizers.RMSprop(0.01, clipnorm=0.5),
+}
+
+
+def tokens(rng, n, padded):
+    x = rng.integers(1, VOCAB, size=(n, LENGTH))
+    if padded:
+        for row in range(n):
+            x[row, rng.integers(1, LENGTH + 1) :] = 0
+    return x
+
+
+def dense(mask):
+    inputs = keras.Input((5,))
+    h = keras.layers.Dense(7, activation="tanh")(inputs)
+    return inputs, keras.layers.Dense(CLASSES)(h)
+
+
+def embedding(mask):
+    inputs = keras.Input((LENGTH,), dtype="int32")
+    h = keras.layers.Embedding(VOCAB, 4, mask_zero=mask)(inputs)
+    h = keras.layers.GlobalAveragePooling1D()(h)
+    return inputs, keras.layers.Dense(CLASSES)(h)
+
+
+def lstm_tagger(mask):
+    inputs = keras.Input((LENGTH,), dtype="int32")
+    h = keras.layers.Embedding(VOCAB, 4, mask_zero=mask)(inputs)
+    h = keras.layers.LSTM(5, return_sequences=True)(h)
+    return inputs, keras.layers.Dense(CLASSES)(h)
+
+
+def conv_tagger(mask):
+    inputs = keras.Input((LENGTH,), dtype="int32")
+    h = keras.layers.Embedding(VOCAB, 4)(inputs)
+    h = keras.layers.Conv1D(5, 3, padding="same", activation="relu")(h)
+    return inputs, keras.layers.Dense(CLASSES)(h)
+
+
+def batch_norm(mask):
+    inputs = keras.Input((5,))
+    # No bias before BatchNormalization (as Keras's applications do): its
+    # true gradient is 0, and Adam would scale rounding noise up to steps.
+    h = keras.layers.Dense(6, use_bias=False)(inputs)
+    h = keras.layers.BatchNormalization()(h)
+    return inputs, keras.layers.Dense(CLASSES)(keras.layers.ReLU()(h))
+
+
+def conv_stack(mask):
+    inputs = keras.Input((6, 6, 2))
+    h = keras.layers.Conv2D(4, 3, padding="same", use_bias=False)(inputs)
+    h = keras.layers.BatchNormalization()(h)
+    h = keras.layers.MaxPooling2D(2)(keras.layers.ReLU()(h))
+    h = keras.layers.SeparableConv2D(4, 2)(h)
+    h = keras.layers.GlobalAveragePooling2D()(h)
+    return inputs, keras.layers.Dense(CLASSES)(h)
+
+
+def multi_output(mask):
+    inputs = keras.Input((5,))
+    h = keras.layers.Dense(7, activation="tanh")(inputs)
+    return inputs, {
+        "score": keras.layers.Dense(1, name="score")(h),
+        "label": keras.layers.Dense(CLASSES, name="label")(h),
+    }
+
+
+# family: (build, inputs(rng, n, mask), per-timestep outputs)
+FAMILIES = {
+    "dense": (dense, lambda rng, n, m: rng.normal(size=(n, 5)), False),
+    "embedding": (embedding, tokens, False),
+    "lstm_tagger": (lstm_tagger, tokens, True),
+    "conv_tagger": (conv_tagger, tokens, True),
+    "batch_norm": (batch_norm, lambda rng, n, m: rng.normal(size=(n, 5)), False),
+    "conv_stack": (conv_stack, lambda rng, n, m: rng.normal(size=(n, 6, 6, 2)), False),
+    "multi_output": (multi_output, lambda rng, n, m: rng.normal(size=(n, 5)), False),
+}
+LOSSES = ["mean", "sum", "ignore_class", "sample_weight", "class_weight"]
+
+
+def crossentropy(loss_kind):
+    return keras.losses.SparseCategoricalCrossentropy(
+        from_logits=True,
+        reduction="sum" if loss_kind == "sum" else "sum_over_batch_size",
+        ignore_class=-1 if loss_kind == "ignore_class" else None,
+    )
+
+
+@st.composite
+def setups(draw):
+    family = draw(st.sampled_from(sorted(FAMILIES)))
+    loss_kind = draw(st.sampled_from(LOSSES))
+    if loss_kind == "class_weight" and family in ("multi_output",) + tuple(
+        f for f in FAMILIES if FAMILIES[f][2]
+    ):
+        loss_kind = "sample_weight"  # Keras: class_weight needs one 1-D target
+    return dict(
+        family=family,
+        loss_kind=loss_kind,
+        mask=draw(st.booleans()),
+        optimizer=draw(st.sampled_from(sorted(OPTIMIZERS))),
+        towers=draw(st.integers(1, 4)),
+        batch_size=draw(st.integers(1, 33)),
+        samples=draw(st.integers(1, 40)),
+        seed=draw(st.integers(0, 2**16)),
+    )
+
+
+def data(setup):
+    build, make_inputs, per_step = FAMILIES[setup["family"]]
+    rng = np.random.default_rng(setup["seed"])
+    n = setup["samples"]
+    x = make_inputs(rng, n, setup["mask"])
+    x = x.astype("float32") if x.dtype.kind == "f" else x
+    shape = (n, LENGTH) if per_step else (n,)
+    labels = rng.integers(0, CLASSES, size=shape)
+    if setup["loss_kind"] == "ignore_class":
+        labels = np.where(rng.uniform(size=shape) < 0.3, -1, labels)
+    fit = {}
+    if setup["loss_kind"] == "sample_weight":
+        fit["sample_weight"] = rng.uniform(0.0, 2.0, size=shape).astype("float32")
+    if setup["loss_kind"] == "class_weight":
+        fit["class_weight"] = {0: 0.5, 1: 2.0, 2: 1.0}
+    if setup["family"] == "multi_output":
+        score = rng.normal(size=(n, 1)).astype("float32")
+        labels = {"score": score, "label": labels}
+        if "sample_weight" in fit:
+            fit["sample_weight"] = {
+                "score": fit["sample_weight"],
+                "label": fit["sample_weight"],
+            }
+    return x, labels, fit
+
+
+def compile_kwargs(setup):
+    loss = crossentropy(setup["loss_kind"])
+    metrics = ["accuracy"]
+    if setup["family"] == "multi_output":
+        score = keras.losses.MeanSquaredError(
+            reduction="sum" if setup["loss_kind"] == "sum" else "sum_over_batch_size"
+        )
+        loss = {"score": score, "label": loss}
+        metrics = {"score": ["mae"], "label": ["accuracy"]}
+    return dict(optimizer=OPTIMIZERS[setup["optimizer"]](), loss=loss, metrics=metrics)
+
+
+@given(setups())
+def test_model_families_match_one_device(setup):
+    x, y, fit = data(setup)
+    build = FAMILIES[setup["family"]][0]
+
+    def model():
+        keras.utils.set_random_seed(setup["seed"] % 7)
+        return keras.Model(*build(setup["mask"]))
+
+    plain, towered = twin(model, setup["towers"])
+    histories = []
+    for m in (plain, towered):
+        m.compile(**compile_kwargs(setup))
+        histories.append(
+            m.fit(
+                x,
+                y,
+                batch_size=setup["batch_size"],
+                epochs=2,
+                shuffle=False,
+                verbose=0,
+                **fit,
+            ).history
+        )
+    assert_same_history(*histories)
+    assert_same_weights(plain, towered)
+    batch = setup["batch_size"]
+    expected = plain.evaluate(x, y, batch_size=batch, verbose=0, return_dict=True)
+    got = towered.evaluate(x, y, batch_size=batch, verbose=0, return_dict=True)
+    assert got.keys() == expected.keys()
+    for key in expected:
+        assert_close(got[key], expected[key], err_msg=key)
+    predictions = [
+        keras.tree.flatten(m.predict(x, batch_size=batch, verbose=0))
+        for m in (plain, towered)
+    ]
+    for a, b in zip(*predictions, strict=True):
+        assert_close(b, a)

@@ -18,15 +18,18 @@ runs end with the same weights.
 
 import argparse
 
+# --8<-- [start:setup]
+import keras
+import numpy as np
+import tensorflow as tf
+
 import kerastower
 
-kerastower.configure_logical_devices(4)
+kerastower.configure_logical_devices(4)  # without GPUs: 4 logical CPUs as towers
 
-import keras  # noqa: E402
-import numpy as np  # noqa: E402
-import tensorflow as tf  # noqa: E402
-
-BASE_LR, BASE_BATCH, WARMUP_EPOCHS = 0.01, 16, 2
+rng = np.random.default_rng(0)
+x = rng.normal(size=(512, 8)).astype("float32")  # 8 global batches of 64
+y = np.tanh(x[:, :1] - x[:, 1:2]).astype("float32")
 
 
 def build():
@@ -34,6 +37,56 @@ def build():
     inputs = keras.Input((8,))
     hidden = keras.layers.Dense(16, activation="tanh")(inputs)
     return keras.Model(inputs, keras.layers.Dense(1)(hidden))
+
+
+epochs = 3
+# --8<-- [end:setup]
+parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+parser.add_argument("--epochs", type=int, default=epochs)
+epochs = parser.parse_args().epochs
+BASE_LR, BASE_BATCH, WARMUP_EPOCHS = 0.01, 16, 2
+
+# --8<-- [start:model]
+
+model = kerastower.TowerModel.from_model(build(), towers=4)
+model.compile(optimizer=keras.optimizers.SGD(momentum=0.9), loss="mse")
+batch_size = kerastower.global_batch_size(16, model)  # 16 per tower x 4 = 64
+# --8<-- [end:model]
+
+# --8<-- [start:scaling]
+
+scaling = kerastower.callbacks.BatchScaling(
+    per_tower_batch_size=16,
+    base_learning_rate=0.01,  # tuned for a global batch of 16
+    base_batch_size=16,
+    rule="linear",  # lr_target = 0.01 * 64 / 16 = 0.04
+    warmup_epochs=2,  # 0.01 -> 0.04 over the first 2 epochs
+)
+# --8<-- [end:scaling]
+
+# --8<-- [start:fit]
+
+history = model.fit(
+    x,
+    y,
+    batch_size=batch_size,  # the global batch
+    epochs=epochs,
+    shuffle=False,
+    callbacks=[scaling],  # put History, CSVLogger, TensorBoard after it
+)
+print(history.history["learning_rate"])  # at the end of each epoch
+# --8<-- [end:fit]
+arrays, arrays_history = model, history
+
+# --8<-- [start:dataset]
+
+model = kerastower.TowerModel.from_model(build(), towers=4)
+model.compile(optimizer=keras.optimizers.SGD(momentum=0.9), loss="mse")
+dataset = tf.data.Dataset.from_tensor_slices((x, y))  # unbatched: one example each
+train = kerastower.batch_for_towers(dataset, 16, model, drop_remainder=True)
+history = model.fit(train, epochs=epochs, callbacks=[scaling])  # no batch_size
+# --8<-- [end:dataset]
+piped, piped_history = model, history
 
 
 def warmup_lr(epoch, batch, steps, target):
@@ -57,88 +110,41 @@ class HandWarmup(keras.callbacks.Callback):
         self.model.optimizer.learning_rate = lr
 
 
-def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--epochs", type=int, default=3)
-    args = parser.parse_args(argv)
+steps = len(x) // batch_size
+target = BASE_LR * batch_size / BASE_BATCH
+reference = build()
+reference.compile(optimizer=keras.optimizers.SGD(momentum=0.9), loss="mse")
+reference.fit(
+    x,
+    y,
+    batch_size=batch_size,
+    epochs=epochs,
+    shuffle=False,
+    callbacks=[HandWarmup(steps, target)],
+    verbose=0,
+)
 
-    rng = np.random.default_rng(0)
-    x = rng.normal(size=(512, 8)).astype("float32")  # 8 global batches of 64
-    y = np.tanh(x[:, :1] - x[:, 1:2]).astype("float32")
+expected = [warmup_lr(k, steps - 1, steps, target) for k in range(epochs)]
+print(f"global batch {batch_size} on {arrays.num_towers} towers, lr_target {target}")
+print("learning rate logged per epoch:", arrays_history.history["learning_rate"])
+print("closed form at each epoch's end: ", expected)
+for logged in (
+    arrays_history.history["learning_rate"],
+    piped_history.history["learning_rate"],
+):
+    if not np.allclose(logged, expected, rtol=1e-6, atol=0):
+        raise SystemExit("the logged learning rates are not the closed form")
+if epochs >= WARMUP_EPOCHS:
+    done = arrays_history.history["learning_rate"][WARMUP_EPOCHS - 1]
+    print(f"learning rate at the end of warmup: {done:.6g} = lr_target {target:.6g}")
+    if abs(done - target) > 1e-7:
+        raise SystemExit("the warmup did not end at lr_target")
 
-    # --8<-- [start:fit]
-    model = kerastower.TowerModel.from_model(build(), towers=4)
-    model.compile(optimizer=keras.optimizers.SGD(momentum=0.9), loss="mse")
-
-    per_tower = 16
-    batch_size = kerastower.global_batch_size(per_tower, model)  # 16 x 4 = 64
-
-    scaling = kerastower.callbacks.BatchScaling(
-        per_tower_batch_size=per_tower,
-        base_learning_rate=0.01,  # tuned for a global batch of 16
-        base_batch_size=16,
-        rule="linear",  # lr_target = 0.01 * 64 / 16 = 0.04
-        warmup_epochs=2,  # 0.01 -> 0.04 over the first 2 epochs
-    )
-    history = model.fit(
-        x,
-        y,
-        batch_size=batch_size,  # the global batch
-        epochs=args.epochs,
-        shuffle=False,
-        callbacks=[scaling],  # put History, CSVLogger, TensorBoard after it
-    )
-    # --8<-- [end:fit]
-
-    piped = kerastower.TowerModel.from_model(build(), towers=4)
-    piped.compile(optimizer=keras.optimizers.SGD(momentum=0.9), loss="mse")
-    # --8<-- [start:dataset]
-    dataset = tf.data.Dataset.from_tensor_slices((x, y))  # unbatched: one example
-    train = kerastower.batch_for_towers(dataset, per_tower, piped, drop_remainder=True)
-    piped_history = piped.fit(train, epochs=args.epochs, callbacks=[scaling])
-    # --8<-- [end:dataset]
-
-    steps = len(x) // batch_size
-    target = BASE_LR * batch_size / BASE_BATCH
-    reference = build()
-    reference.compile(optimizer=keras.optimizers.SGD(momentum=0.9), loss="mse")
-    reference.fit(
-        x,
-        y,
-        batch_size=batch_size,
-        epochs=args.epochs,
-        shuffle=False,
-        callbacks=[HandWarmup(steps, target)],
-        verbose=0,
-    )
-
-    expected = [warmup_lr(k, steps - 1, steps, target) for k in range(args.epochs)]
-    print(f"global batch {batch_size} on {model.num_towers} towers, lr_target {target}")
-    print("learning rate logged per epoch:", history.history["learning_rate"])
-    print("closed form at each epoch's end: ", expected)
-    for logged in (
-        history.history["learning_rate"],
-        piped_history.history["learning_rate"],
-    ):
-        if not np.allclose(logged, expected, rtol=1e-6, atol=0):
-            raise SystemExit("the logged learning rates are not the closed form")
-    if args.epochs >= WARMUP_EPOCHS:
-        done = history.history["learning_rate"][WARMUP_EPOCHS - 1]
-        print(
-            f"learning rate at the end of warmup: {done:.6g} = lr_target {target:.6g}"
-        )
-        if abs(done - target) > 1e-7:
-            raise SystemExit("the warmup did not end at lr_target")
-
-    difference = max(
-        float(np.max(np.abs(a - b)))
-        for other in (piped, reference)
-        for a, b in zip(model.get_weights(), other.get_weights())
-    )
-    print(f"max |w - w_other| over arrays, tf.data and one device = {difference:.1e}")
-    if difference > 1e-5:
-        raise SystemExit("the runs did not end with the same weights")
-
-
-if __name__ == "__main__":
-    main()
+difference = max(
+    float(np.max(np.abs(a - b)))
+    for other in (piped, reference)
+    for a, b in zip(arrays.get_weights(), other.get_weights())
+)
+print(f"max |w - w_other| over arrays, tf.data and one device = {difference:.1e}")
+if difference > 1e-5:
+    raise SystemExit("the runs did not end with the same weights")

@@ -9,16 +9,16 @@ over the examples of its batch gives exactly the one-device loss:
 
 import argparse
 
+# --8<-- [start:model]
+import keras
+import numpy as np
+from keras import ops
+
 import kerastower
 
-kerastower.configure_logical_devices(4)
-
-import keras  # noqa: E402
-import numpy as np  # noqa: E402
-from keras import ops  # noqa: E402
+kerastower.configure_logical_devices(4)  # without GPUs: 4 logical CPUs as towers
 
 
-# --8<-- [start:model]
 class Regressor(keras.Model):
     """A plain subclassed model whose loss is log-cosh plus its L2 penalty."""
 
@@ -43,7 +43,8 @@ class Regressor(keras.Model):
 class TowerRegressor(kerastower.TowerModel, Regressor):
     """The same model, trained over towers: TowerModel first in the bases."""
 
-    # --8<-- [end:model]
+
+# --8<-- [end:model]
 
 
 def train(cls, x, y, epochs, **kwargs):

@@ -9,13 +9,18 @@ device.
 
 import argparse
 
+# --8<-- [start:setup]
+import keras
+import numpy as np
+import tensorflow as tf
+
 import kerastower
 
-kerastower.configure_logical_devices(2)
+kerastower.configure_logical_devices(2)  # without GPUs: 2 logical CPUs
 
-import keras  # noqa: E402
-import numpy as np  # noqa: E402
-import tensorflow as tf  # noqa: E402
+rng = np.random.default_rng(0)
+x = rng.normal(size=(512, 12)).astype("float32")
+y = x[:, :3].sum(axis=1, keepdims=True)
 
 
 def build():
@@ -25,60 +30,55 @@ def build():
     return keras.Model(inputs, keras.layers.Dense(1)(hidden))
 
 
+epochs = 2
+# --8<-- [end:setup]
+parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+parser.add_argument("--epochs", type=int, default=epochs)
+epochs = parser.parse_args().epochs
+
+# --8<-- [start:before]
+
+strategy = tf.distribute.MirroredStrategy()  # every GPU (here: the CPUs)
+with strategy.scope():
+    model = build()
+    model.compile(optimizer="adam", loss="mse")
+per_replica = 64
+model.fit(
+    x,
+    y,
+    batch_size=per_replica * strategy.num_replicas_in_sync,
+    epochs=epochs,
+    shuffle=False,
+)
+# --8<-- [end:before]
+stock = model
+
+# --8<-- [start:after]
+
+model = kerastower.TowerModel.from_model(build())  # every GPU (here: the CPUs)
+model.compile(optimizer="adam", loss="mse")
+per_tower = 64
+model.fit(
+    x,
+    y,
+    batch_size=kerastower.global_batch_size(per_tower, model),
+    epochs=epochs,
+    shuffle=False,
+)
+# --8<-- [end:after]
+
+
 def difference(a, b):
     return max(
         float(np.max(np.abs(u - v))) for u, v in zip(a.get_weights(), b.get_weights())
     )
 
 
-def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--epochs", type=int, default=2)
-    args = parser.parse_args(argv)
-    rng = np.random.default_rng(0)
-    x = rng.normal(size=(512, 12)).astype("float32")
-    y = x[:, :3].sum(axis=1, keepdims=True)
-    epochs = args.epochs
-
-    reference = build()
-    reference.compile(optimizer="adam", loss="mse")
-    reference.fit(x, y, batch_size=128, epochs=epochs, shuffle=False, verbose=0)
-
-    # --8<-- [start:before]
-    strategy = tf.distribute.MirroredStrategy()  # every GPU (here: the CPUs)
-    with strategy.scope():
-        model = build()
-        model.compile(optimizer="adam", loss="mse")
-    per_replica = 64
-    model.fit(
-        x,
-        y,
-        batch_size=per_replica * strategy.num_replicas_in_sync,
-        epochs=epochs,
-        shuffle=False,
-    )
-    # --8<-- [end:before]
-    stock = model
-
-    # --8<-- [start:after]
-    model = kerastower.TowerModel.from_model(build())  # every GPU (here: the CPUs)
-    model.compile(optimizer="adam", loss="mse")
-    per_tower = 64
-    model.fit(
-        x,
-        y,
-        batch_size=kerastower.global_batch_size(per_tower, model),
-        epochs=epochs,
-        shuffle=False,
-    )
-    # --8<-- [end:after]
-
-    stock_gap, tower_gap = difference(stock, reference), difference(model, reference)
-    print(f"MirroredStrategy: max |w - w_one_device| = {stock_gap:.1e}")
-    print(f"TowerModel:       max |w - w_one_device| = {tower_gap:.1e}")
-    if tower_gap > 1e-5:
-        raise SystemExit("TowerModel did not match one device")
-
-
-if __name__ == "__main__":
-    main()
+reference = build()
+reference.compile(optimizer="adam", loss="mse")
+reference.fit(x, y, batch_size=128, epochs=epochs, shuffle=False, verbose=0)
+stock_gap, tower_gap = difference(stock, reference), difference(model, reference)
+print(f"MirroredStrategy: max |w - w_one_device| = {stock_gap:.1e}")
+print(f"TowerModel:       max |w - w_one_device| = {tower_gap:.1e}")
+if tower_gap > 1e-5:
+    raise SystemExit("TowerModel did not match one device")

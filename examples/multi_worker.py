@@ -21,6 +21,91 @@ import subprocess
 import sys
 import tempfile
 
+# --8<-- [start:imports]
+import keras
+import numpy as np
+
+import kerastower
+
+
+# --8<-- [end:imports]
+# --8<-- [start:functions]
+def worker_data(index):
+    """Worker 0 holds 11 examples, worker 1 holds 9: uneven last batches."""
+    rng = np.random.default_rng(100 + index)
+    n = 11 if index == 0 else 9
+    x = rng.normal(size=(n, 5)).astype("float32")
+    y = (x @ np.arange(1, 6, dtype="float32")[:, None] / 5).astype("float32")
+    return x, y
+
+
+def build_model(seed):
+    keras.utils.set_random_seed(seed)
+    inputs = keras.Input((5,))
+    hidden = keras.layers.Dense(8, activation="tanh")(inputs)
+    return keras.Model(inputs, keras.layers.Dense(1)(hidden))
+
+
+# --8<-- [end:functions]
+
+
+def run_worker(args) -> None:
+    # --8<-- [start:settings]
+    epochs = 3
+    filepath = "checkpoints/epoch{epoch}.keras"  # on storage every worker sees
+    timeout_seconds = 600  # how long a collective waits for a dead worker
+    # --8<-- [end:settings]
+    epochs, timeout_seconds = args.epochs, args.timeout
+    filepath = os.path.join(args.out, "ckpt", "epoch{epoch}.keras")
+    # --8<-- [start:worker]
+
+    kerastower.configure_logical_devices(2)  # no GPU: 2 logical CPUs per worker
+    kerastower.worker_strategy(timeout_seconds=timeout_seconds)  # before any model
+
+    index = kerastower.worker_index()  # from TF_CONFIG, 0 on the chief
+    x, y = worker_data(index)  # each worker holds its own examples
+    # Different seeds on purpose: every worker starts from the chief's weights.
+    model = kerastower.TowerModel.from_model(build_model(seed=index), towers=2)
+    model.compile(optimizer=keras.optimizers.Adam(0.01), loss="mse", metrics=["mae"])
+    callbacks = [kerastower.callbacks.ChiefCheckpoint(filepath)]  # the chief writes
+    # --8<-- [end:worker]
+    if index == 0:
+        np.savez(os.path.join(args.out, "initial.npz"), *model.get_weights())
+    if args.accumulate > 1:
+        callbacks.append(kerastower.callbacks.GradientAccumulation(args.accumulate))
+    if args.exit_after_epoch is not None:
+        callbacks.append(_ExitAfterEpoch(args.exit_after_epoch, index))
+    # --8<-- [start:fit]
+
+    history = model.fit(
+        x,
+        y,
+        batch_size=4,  # the batch of this worker; the global batch is 4 + 4
+        epochs=epochs,
+        shuffle=False,
+        verbose=2,
+        callbacks=callbacks,
+    )
+    print(f"worker {index} done: loss {history.history['loss'][-1]:.6f}")
+    # --8<-- [end:fit]
+    np.savez(os.path.join(args.out, f"worker{index}.npz"), *model.get_weights())
+    if index == 0:  # predict is local: the chief alone may call it
+        np.save(os.path.join(args.out, "predictions.npy"), model.predict(x, verbose=0))
+    with open(os.path.join(args.out, f"history{index}.json"), "w") as f:
+        json.dump(history.history, f)
+
+
+class _ExitAfterEpoch(keras.callbacks.Callback):
+    """Simulates a worker that dies (used by the tests)."""
+
+    def __init__(self, epoch: int, index: int):
+        super().__init__()
+        self.epoch, self.index = epoch, index
+
+    def on_epoch_end(self, epoch, logs=None):
+        if epoch + 1 >= self.epoch and self.index == 1:
+            os._exit(3)
+
 
 def free_ports(n: int) -> list[int]:
     sockets = [socket.socket() for _ in range(n)]
@@ -30,84 +115,6 @@ def free_ports(n: int) -> list[int]:
     for s in sockets:
         s.close()
     return ports
-
-
-def worker_data(index: int):
-    """Worker 0 holds 11 examples, worker 1 holds 9: uneven last batches."""
-    import numpy as np
-
-    rng = np.random.default_rng(100 + index)
-    n = 11 if index == 0 else 9
-    x = rng.normal(size=(n, 5)).astype("float32")
-    y = (x @ np.arange(1, 6, dtype="float32")[:, None] / 5).astype("float32")
-    return x, y
-
-
-def build_model(seed: int):
-    import keras
-
-    keras.utils.set_random_seed(seed)
-    inputs = keras.Input((5,))
-    hidden = keras.layers.Dense(8, activation="tanh")(inputs)
-    return keras.Model(inputs, keras.layers.Dense(1)(hidden))
-
-
-def run_worker(args) -> None:
-    # --8<-- [start:worker]
-    import kerastower
-
-    kerastower.configure_logical_devices(args.towers)
-    kerastower.multi_worker.worker_strategy(timeout_seconds=args.timeout)
-    import keras
-    import numpy as np
-
-    index = kerastower.worker_index()
-    # Different seeds on purpose: the chief's initial weights are broadcast.
-    plain = build_model(seed=index)
-    if index == 0:
-        np.savez(os.path.join(args.out, "initial.npz"), *plain.get_weights())
-    model = kerastower.TowerModel.from_model(plain, towers=args.towers)
-    model.compile(optimizer=keras.optimizers.Adam(0.01), loss="mse", metrics=["mae"])
-    callbacks = [
-        kerastower.callbacks.ChiefCheckpoint(
-            os.path.join(args.out, "ckpt", "epoch{epoch}.keras")
-        )
-    ]
-    if args.accumulate > 1:
-        callbacks.append(kerastower.callbacks.GradientAccumulation(args.accumulate))
-    if args.exit_after_epoch is not None:
-        callbacks.append(_ExitAfterEpoch(args.exit_after_epoch, index))
-    x, y = worker_data(index)
-    history = model.fit(
-        x,
-        y,
-        batch_size=4,
-        epochs=args.epochs,
-        shuffle=False,
-        verbose=0,
-        callbacks=callbacks,
-    )
-    np.savez(os.path.join(args.out, f"worker{index}.npz"), *model.get_weights())
-    if index == 0:  # predict is local: the chief alone may call it
-        np.save(os.path.join(args.out, "predictions.npy"), model.predict(x, verbose=0))
-    with open(os.path.join(args.out, f"history{index}.json"), "w") as f:
-        json.dump(history.history, f)
-    print(f"worker {index} done: loss {history.history['loss'][-1]:.6f}")
-    # --8<-- [end:worker]
-
-
-class _ExitAfterEpoch:
-    """Simulates a worker that dies (used by the tests)."""
-
-    def __new__(cls, epoch: int, index: int):
-        import keras
-
-        class Exit(keras.callbacks.Callback):
-            def on_epoch_end(self, e, logs=None):
-                if e + 1 >= epoch and index == 1:
-                    os._exit(3)
-
-        return Exit()
 
 
 def launch(args) -> int:
@@ -130,8 +137,6 @@ def launch(args) -> int:
             out,
             "--epochs",
             str(args.epochs),
-            "--towers",
-            str(args.towers),
             "--timeout",
             str(args.timeout),
         ]
@@ -148,7 +153,6 @@ def launch(args) -> int:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--towers", type=int, default=2, help="towers per worker")
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--out", default=None, help="folder for results")
     parser.add_argument(

@@ -1,5 +1,10 @@
 """kerastower: train one Keras model on several devices, exactly."""
 
+# ruff: noqa: E402 - the command line quiets TensorFlow before TensorFlow loads.
+from kerastower.cli import quiet_start
+
+quiet_start()
+
 from importlib.metadata import PackageNotFoundError, version
 
 from kerastower import callbacks, cluster, multi_worker

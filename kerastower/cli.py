@@ -6,17 +6,91 @@ the same model from the same initial weights on one device, and reports how
 the batches were split, the accuracy, the time per epoch and the largest
 weight difference between the two runs. It needs no download.
 
-``kerastower devices`` lists the devices `TowerModel` would use.
+``kerastower devices`` lists the devices `TowerModel` would use, with each
+GPU's name and memory.
+
+The command starts quietly: TensorFlow's start-up log (oneDNN, CPU features,
+absl) is left out unless ``--verbose`` is given, so the first line printed is
+kerastower's own.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 import sys
-from collections.abc import Sequence
+import tempfile
+from collections.abc import Iterator, Sequence
 
 DEFAULT_CPU_TOWERS = 4
 DEFAULT_TOLERANCE = 1e-4
+VERBOSE_FLAG = "--verbose"
+
+
+def started_as_command() -> bool:
+    """Whether this process is the ``kerastower`` command line.
+
+    That is the ``kerastower`` console script, or ``python -m kerastower``
+    (and ``python -m kerastower.cli``); not a program that imports kerastower.
+
+    Returns:
+        ``True`` in the command line's process, ``False`` elsewhere.
+    """
+    program = sys.argv[0].replace("\\", "/").rsplit("/", 1)[-1].lower()
+    if program in ("kerastower", "kerastower.exe", "kerastower-script.py"):
+        return True
+    argv = list(getattr(sys, "orig_argv", []))
+    if "-m" in argv[:-1]:
+        return argv[argv.index("-m") + 1] in ("kerastower", "kerastower.cli")
+    return False
+
+
+@contextlib.contextmanager
+def _stderr_held_back() -> Iterator[None]:
+    """Sends file descriptor 2 to a temporary file; shows it only on an error.
+
+    TensorFlow's C++ libraries write their start-up lines to the process's
+    standard error directly (absl logs everything that comes before its
+    initialisation, whatever ``TF_CPP_MIN_LOG_LEVEL`` says), so
+    redirecting ``sys.stderr`` would not catch them.
+    """
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile(mode="w+b") as held:
+        os.dup2(held.fileno(), 2)
+        try:
+            yield
+        except BaseException:
+            os.dup2(saved, 2)
+            held.seek(0)
+            sys.stderr.write(held.read().decode(errors="replace"))
+            raise
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+
+
+def quiet_start() -> None:
+    """Loads TensorFlow without its start-up log, in the command line only.
+
+    In the ``kerastower`` command (see `started_as_command`), unless
+    ``--verbose`` is among its arguments, this sets ``TF_CPP_MIN_LOG_LEVEL=3``
+    (where the environment does not set it) and imports TensorFlow with the
+    process's standard error held back; if the import fails, what TensorFlow
+    wrote is shown with the error. Anywhere else it does nothing, so a
+    program that imports kerastower keeps TensorFlow's logging as it is. It
+    must run before TensorFlow is first imported: `kerastower/__init__.py`
+    calls it first.
+    """
+    if "tensorflow" in sys.modules or not started_as_command():
+        return
+    if VERBOSE_FLAG in sys.argv[1:]:
+        return
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    with _stderr_held_back():
+        import tensorflow  # noqa: F401
 
 
 def _positive_int(text: str) -> int:
@@ -30,13 +104,12 @@ def _positive_int(text: str) -> int:
 
 
 def _parser() -> argparse.ArgumentParser:
-    from kerastower import __version__
-
     parser = argparse.ArgumentParser(
         prog="kerastower",
         description="Train one Keras model on several devices, exactly.",
     )
-    parser.add_argument("--version", action="version", version=__version__)
+    parser.add_argument("--version", action="version", version=_version_line())
+    _add_verbose_argument(parser)
     commands = parser.add_subparsers(dest="command", required=True)
 
     demo = commands.add_parser(
@@ -86,7 +159,29 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _version_line() -> str:
+    import keras
+    import tensorflow as tf
+
+    from kerastower import __version__
+
+    return (
+        f"kerastower {__version__} (TensorFlow {tf.__version__}, "
+        f"Keras {keras.__version__})"
+    )
+
+
+def _add_verbose_argument(parser: argparse.ArgumentParser, **kwargs) -> None:
+    parser.add_argument(
+        VERBOSE_FLAG,
+        action="store_true",
+        help="show TensorFlow's start-up log (hidden by default)",
+        **kwargs,
+    )
+
+
 def _add_device_arguments(parser: argparse.ArgumentParser) -> None:
+    _add_verbose_argument(parser, default=argparse.SUPPRESS)
     parser.add_argument(
         "--towers",
         type=_positive_int,
@@ -142,8 +237,41 @@ def _describe(devices: Sequence[str]) -> str:
     return f"{len(devices)} logical CPUs"
 
 
+def _gpu_details(tf, name: str) -> str:
+    """Describes the GPU behind a logical device name, as far as TensorFlow says.
+
+    The name and compute capability come from
+    `tf.config.experimental.get_device_details`, the memory TensorFlow holds
+    on the device now and at its peak from
+    `tf.config.experimental.get_memory_info`; what a build of TensorFlow does
+    not report is left out.
+    """
+    parts = []
+    index = tf.DeviceSpec.from_string(name).device_index or 0
+    physical = tf.config.list_physical_devices("GPU")
+    if index < len(physical):
+        try:
+            details = tf.config.experimental.get_device_details(physical[index])
+        except (ValueError, RuntimeError):
+            details = {}
+        if details.get("device_name"):
+            parts.append(details["device_name"])
+        if details.get("compute_capability"):
+            major, minor = details["compute_capability"]
+            parts.append(f"compute capability {major}.{minor}")
+    try:
+        memory = tf.config.experimental.get_memory_info(name)
+    except (ValueError, RuntimeError):
+        memory = None
+    if memory:
+        parts.append(
+            f"memory in use {memory['current'] / 2**20:.0f} MiB "
+            f"(peak {memory['peak'] / 2**20:.0f} MiB)"
+        )
+    return ", ".join(parts)
+
+
 def _devices_command(args: argparse.Namespace) -> int:
-    import keras
     import tensorflow as tf
 
     import kerastower
@@ -156,14 +284,12 @@ def _devices_command(args: argparse.Namespace) -> int:
     physical = {
         kind: len(tf.config.list_physical_devices(kind)) for kind in ("CPU", "GPU")
     }
-    print(
-        f"kerastower {kerastower.__version__}, TensorFlow {tf.__version__}, "
-        f"Keras {keras.__version__}"
-    )
+    print(_version_line())
     print(f"Physical devices: {physical['CPU']} CPU, {physical['GPU']} GPU")
     print(f"TowerModel(towers={len(devices)}) would use {_describe(devices)}:")
     for i, name in enumerate(devices):
-        print(f"  tower {i}  {name}")
+        details = _gpu_details(tf, name) if "GPU" in name.upper() else ""
+        print(f"  tower {i}  {name}" + (f"  {details}" if details else ""))
     if not physical["GPU"] and len(devices) == 1:
         print(
             "No GPU: split the CPU into logical devices to try several towers, "

@@ -41,9 +41,13 @@ def parse_tf_config(text: str | None) -> dict[str, Any] | None:
     Example:
 
     ```python
-    parse_tf_config('{"cluster": {"worker": ["a:1", "b:1"]}, '
-                    '"task": {"type": "worker", "index": 1}}')
-    # {'cluster': {'worker': ['a:1', 'b:1']}, 'task': {'type': 'worker', 'index': 1}}
+    import kerastower
+
+    config = kerastower.cluster.parse_tf_config(
+        '{"cluster": {"worker": ["a:1", "b:1"]}, '
+        '"task": {"type": "worker", "index": 1}}'
+    )
+    print(config["task"])  # {'type': 'worker', 'index': 1}
     ```
 
     Args:
@@ -115,6 +119,12 @@ def parse_tf_config(text: str | None) -> dict[str, Any] | None:
 def tf_config() -> dict[str, Any] | None:
     """Returns the parsed and validated `TF_CONFIG`, or ``None`` if unset.
 
+    Reads the environment variable each time it is called.
+
+    Returns:
+        The parsed dict, or ``None`` for a single worker (see
+        `parse_tf_config`).
+
     Raises:
         ValueError: If `TF_CONFIG` is malformed (see `parse_tf_config`).
     """
@@ -122,7 +132,15 @@ def tf_config() -> dict[str, Any] | None:
 
 
 def num_workers_of(config: dict[str, Any] | None) -> int:
-    """Returns the number of training workers (chief and workers) in `config`."""
+    """Returns the number of training workers (chief and workers) in `config`.
+
+    Args:
+        config: A parsed `TF_CONFIG` (see `parse_tf_config`), or ``None`` for
+            a single worker.
+
+    Returns:
+        The number of ``"chief"`` and ``"worker"`` tasks; 1 for ``None``.
+    """
     if config is None:
         return 1
     return sum(len(config["cluster"].get(t, [])) for t in TRAINING_TASK_TYPES)
@@ -131,8 +149,18 @@ def num_workers_of(config: dict[str, Any] | None) -> int:
 def worker_index_of(config: dict[str, Any] | None) -> int:
     """Returns this task's global worker index in `config`, the chief first.
 
+    With a ``"chief"`` task the chief is 0 and worker ``i`` is ``i + 1``;
+    without one, worker ``i`` is ``i``.
+
+    Args:
+        config: A parsed `TF_CONFIG` (see `parse_tf_config`), or ``None`` for
+            a single worker.
+
+    Returns:
+        The index, from 0; 0 for ``None``.
+
     Raises:
-        ValueError: If the task is not a training task (e.g. ``"ps"``).
+        ValueError: If the task is not a training task (such as ``"ps"``).
     """
     if config is None:
         return 0
@@ -152,6 +180,13 @@ def is_chief_of(config: dict[str, Any] | None) -> bool:
 
     The chief is the ``"chief"`` task, or worker 0 when the cluster has no
     ``"chief"``; without a config the single process is the chief.
+
+    Args:
+        config: A parsed `TF_CONFIG` (see `parse_tf_config`), or ``None`` for
+            a single worker.
+
+    Returns:
+        ``True`` for the chief, ``False`` for every other task.
     """
     if config is None:
         return True
@@ -162,17 +197,48 @@ def is_chief_of(config: dict[str, Any] | None) -> bool:
 
 
 def num_workers() -> int:
-    """Returns the number of training workers in `TF_CONFIG` (1 when unset)."""
+    """Returns the number of training workers in `TF_CONFIG` (1 when unset).
+
+    Returns:
+        The number of ``"chief"`` and ``"worker"`` tasks of the cluster.
+
+    Raises:
+        ValueError: If `TF_CONFIG` is malformed (see `parse_tf_config`).
+    """
     return num_workers_of(tf_config())
 
 
 def worker_index() -> int:
-    """Returns this process's worker index, the chief first (0 when unset)."""
+    """Returns this process's worker index, the chief first (0 when unset).
+
+    Example:
+
+    ```python
+    import kerastower
+
+    index = kerastower.worker_index()  # 0 on the chief and without TF_CONFIG
+    print(f"worker {index} of {kerastower.num_workers()}")
+    ```
+
+    Returns:
+        The index, from 0 (see `worker_index_of`).
+
+    Raises:
+        ValueError: If `TF_CONFIG` is malformed (see `parse_tf_config`) or
+            this task is not a training task.
+    """
     return worker_index_of(tf_config())
 
 
 def is_multi_worker() -> bool:
-    """Whether `TF_CONFIG` describes more than one training worker."""
+    """Whether `TF_CONFIG` describes more than one training worker.
+
+    Returns:
+        ``True`` when the cluster has two or more training workers.
+
+    Raises:
+        ValueError: If `TF_CONFIG` is malformed (see `parse_tf_config`).
+    """
     return num_workers() > 1
 
 
@@ -189,7 +255,13 @@ def is_chief(strategy: Any = None) -> bool:
     Example:
 
     ```python
-    if kerastower.is_chief():
+    import keras
+
+    import kerastower
+
+    inputs = keras.Input((4,))
+    model = kerastower.TowerModel(inputs, keras.layers.Dense(1)(inputs))
+    if kerastower.is_chief(model.distribute_strategy):  # True without TF_CONFIG
         model.save("final.keras")
     ```
 
@@ -261,7 +333,16 @@ def shard(data: Any, num_workers: int | None = None, index: int | None = None) -
     Example:
 
     ```python
-    x_local, y_local = kerastower.cluster.shard((x, y))
+    import numpy as np
+    import tensorflow as tf
+
+    import kerastower
+
+    x = np.arange(10, dtype="float32")[:, None]
+    y = 2 * x
+    x_local, y_local = kerastower.cluster.shard((x, y), num_workers=2, index=1)
+    print(x_local[:, 0])  # [1. 3. 5. 7. 9.]: examples 1, 3, 5, ... of 10
+    # Without num_workers and index, TF_CONFIG says which part is this worker's.
     dataset = kerastower.cluster.shard(tf.data.Dataset.from_tensor_slices((x, y)))
     ```
 

@@ -26,19 +26,32 @@ def batch_for_towers(
     Example:
 
     ```python
-    model = kerastower.TowerModel(inputs, outputs, towers=4)
-    dataset = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(1024)
-    train = kerastower.batch_for_towers(dataset, 32, model)  # batches of 128
+    import keras
+    import numpy as np
+    import tensorflow as tf
+
+    import kerastower
+
+    kerastower.configure_logical_devices(4)  # without GPUs: 4 logical CPUs
+
+    inputs = keras.Input((8,))
+    model = kerastower.TowerModel(inputs, keras.layers.Dense(1)(inputs))
+    model.compile(optimizer="adam", loss="mse")
+
+    x = np.random.default_rng(0).normal(size=(1000, 8)).astype("float32")
+    y = x.sum(axis=1, keepdims=True)
+    dataset = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(1000, seed=0)
+    train = kerastower.batch_for_towers(dataset, 32, model)  # 32 x 4 = 128
     model.fit(train, epochs=3)
     ```
 
     Args:
         dataset: An unbatched `tf.data.Dataset`, one example per element.
         per_tower_batch_size: The number of examples per tower and step, an
-            integer >= 1.
+            integer of at least 1.
         towers_or_model: The number of towers over all workers, an integer
-            >= 1; or a model, whose ``num_towers`` (1 for a plain `keras.Model`)
-            times its ``num_workers`` (1 when absent) is used.
+            of at least 1; or a model, whose ``num_towers`` (1 for a plain
+            `keras.Model`) times its ``num_workers`` (1 when absent) is used.
         drop_remainder: Whether to drop a last global batch that is smaller
             than the others, so that every step sees the same global batch
             size. Defaults to ``False``.

@@ -208,7 +208,8 @@ def run(
     _compile(plain)
 
     print(
-        f"Training on {len(devices)} towers ({', '.join(devices)}), global batch "
+        f"kerastower demo: training on {len(devices)} towers "
+        f"({', '.join(devices)}), global batch "
         f"{batch_size} -> per tower {split_sizes(batch_size, len(devices))}",
         flush=True,
     )

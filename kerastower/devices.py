@@ -6,33 +6,42 @@ from collections.abc import Sequence
 
 import tensorflow as tf
 
+from kerastower import cluster
+
 
 def configure_logical_devices(n: int, device_type: str = "CPU") -> list[str]:
     """Splits the first physical CPU (or GPU) into ``n`` logical devices.
 
     Must run before TensorFlow initialises its runtime (before the first op,
-    variable or model). Useful to test a multi-tower setup on a laptop: each
-    logical device becomes one tower.
+    variable or model; importing TensorFlow, Keras or kerastower is fine).
+    Useful to test a multi-tower setup on a laptop: each logical device
+    becomes one tower. Called again with the same ``n`` once the runtime has
+    started, it returns the existing devices. Wraps TensorFlow's
+    `tf.config.set_logical_device_configuration`.
 
     Example:
 
     ```python
     import kerastower
-    kerastower.configure_logical_devices(4)   # before any TensorFlow work
+
+    devices = kerastower.configure_logical_devices(4)  # before any TensorFlow work
+    print(devices)  # ['/device:CPU:0', '/device:CPU:1', ..., '/device:CPU:3']
     ```
 
     Args:
-        n: How many logical devices to create, an integer >= 1.
-        device_type: ``"CPU"`` or ``"GPU"``. Defaults to ``"CPU"``.
+        n: How many logical devices to create, an integer of at least 1.
+        device_type: ``"CPU"`` or ``"GPU"``. A GPU is split into ``n`` devices
+            of 1 GiB each. Defaults to ``"CPU"``.
 
     Returns:
-        The names of the logical devices of that type, e.g.
+        The names of the logical devices of that type, such as
         ``["/device:CPU:0", ..., "/device:CPU:3"]``.
 
     Raises:
-        ValueError: If ``n`` is not an integer >= 1, ``device_type`` is unknown,
-            there is no physical device of that type, or the runtime is
-            already initialised with a different number of logical devices.
+        ValueError: If ``n`` is not an integer of at least 1, ``device_type``
+            is unknown, there is no physical device of that type, or the
+            runtime is already initialised with a different number of logical
+            devices.
     """
     if not isinstance(n, int) or isinstance(n, bool) or n < 1:
         raise ValueError(f"`n` must be an integer >= 1. Received: n={n!r}")
@@ -73,14 +82,40 @@ def configure_logical_devices(n: int, device_type: str = "CPU") -> list[str]:
 def available_devices() -> list[str]:
     """Returns the devices towers can use: all GPUs, else all CPUs.
 
+    This is what ``TowerModel(towers=None)`` uses; ``kerastower devices``
+    prints it from the command line.
+
+    Example:
+
+    ```python
+    import kerastower
+
+    print(kerastower.available_devices())  # ['/device:CPU:0'] without a GPU
+    ```
+
     Returns:
-        Logical device names, GPUs if any is visible, otherwise the logical
-        CPUs.
+        Logical device names: every visible GPU if there is one, otherwise
+        every logical CPU.
     """
-    gpus = tf.config.list_logical_devices("GPU")
+    gpus = _local([d.name for d in tf.config.list_logical_devices("GPU")])
     if gpus:
-        return [d.name for d in gpus]
-    return [d.name for d in tf.config.list_logical_devices("CPU")]
+        return gpus
+    return _local([d.name for d in tf.config.list_logical_devices("CPU")])
+
+
+def _local(names: list[str]) -> list[str]:
+    """Keeps this worker's devices: under a multi-worker `TF_CONFIG`,
+    TensorFlow also lists every other worker's devices."""
+    specs = [tf.DeviceSpec.from_string(name) for name in names]
+    if all(spec.job in (None, "localhost") for spec in specs):
+        return names
+    config = cluster.tf_config()
+    task = (config or {}).get("task", {})
+    return [
+        name
+        for name, spec in zip(names, specs)
+        if spec.job == task.get("type") and spec.task == task.get("index")
+    ]
 
 
 def _matches(wanted: tf.DeviceSpec, device: tf.DeviceSpec) -> bool:

@@ -2,88 +2,44 @@
 
 from __future__ import annotations
 
-import contextlib
-import re
 import warnings
 from collections.abc import Sequence
-from typing import Any, NamedTuple
+from typing import Any
 
 import keras
 import tensorflow as tf
-from keras.src.models.functional import Functional
-from keras.src.models.model import Trainer, functional_init_arguments
-from keras.src.trainers.data_adapters import data_adapter_utils
 
 from kerastower import _keras_compat, cluster, multi_worker
 from kerastower import devices as devices_lib
-from kerastower.batch_norm import global_moments
-from kerastower.loss_weighting import TowerLoss, weigh_compiled_losses
-from kerastower.sharding import (
-    concat_nest,
-    first_leaf,
-    local_results,
-    masks_of,
-    split_nest,
-    sum_gradients,
-    with_masks,
-)
-from kerastower.splitting import tensor_split_sizes
+from kerastower._keras_compat import Functional, functional_init_arguments
 from kerastower.strategy import TowerStrategy
-
-
-def _warn_once(caught: list[warnings.WarningMessage]) -> None:
-    """Re-raises recorded warnings, each distinct one once."""
-    seen = set()
-    for record in caught:
-        text = re.sub(r"replica_\d+/", "", str(record.message))
-        key = (record.category, text, record.filename, record.lineno)
-        if key not in seen:
-            seen.add(key)
-            warnings.warn_explicit(
-                record.message, record.category, record.filename, record.lineno
-            )
-
-
-class _IgnoredMetric:
-    """Stands in for Keras's per-output loss metrics inside the towers.
-
-    `TowerModel` updates the real metrics once, with the global values.
-    """
-
-    def update_state(self, value, sample_weight=None):
-        del value, sample_weight
-
-
-class _TowerLosses(NamedTuple):
-    """What a tower needs to weight its loss (see `kerastower.loss_weighting`)."""
-
-    records: dict
-    loss_weights: list
-    global_batch: tf.Tensor
-    per_output_metrics: bool
+from kerastower.tower_step import TowerStep
 
 
 @keras.saving.register_keras_serializable(package="kerastower")
-class TowerModel(keras.Model):
+class TowerModel(_keras_compat.TrainerHooks, keras.Model):
     """A `keras.Model` that trains, evaluates and predicts over several towers.
 
     Each step cuts the **global** batch (the `batch_size` given to `fit`,
     `evaluate` and `predict`, all towers together) into contiguous shards, one
     per tower: with ``B`` examples and ``N`` towers the first ``B mod N`` towers
-    get ``B // N + 1`` examples and the rest ``B // N``, so any ``B`` works,
-    including ``B < N`` (some towers get none). Every tower runs the forward and
-    backward pass on its device inside `tf.distribute.Strategy.run`; its loss is
-    weighted by its share of the batch,
+    get ``B // N + 1`` examples and the rest ``B // N``, so any ``B`` works (a
+    batch smaller than ``N`` runs whole on the first tower). Every tower runs
+    the forward and backward pass on its device inside
+    `tf.distribute.Strategy.run`; its loss is weighted so that the towers add
+    up to the loss of the whole batch on one device,
 
-    ``loss = sum_i (n_i / B) * loss_i``,
+    ``loss = sum_i (D_i / D) * loss_i``,
 
-    which equals the loss of the whole batch on one device for any loss that
-    is a mean over examples (the Keras default reduction,
-    ``"sum_over_batch_size"``). Regularization losses are counted once, since
-    the weights sum to 1. The towers' gradients are summed and the model's own
-    optimizer applies them once, so clipping, weight decay and optimizer
-    state see exactly the single-device gradient. Metrics and the loss tracker
-    are updated once on the whole batch; predictions come back in input order.
+    where ``D_i`` is what Keras divides tower ``i``'s loss by: its examples
+    for the default reduction, its valid elements for a masked or
+    ``ignore_class`` loss, its sample weights for ``"mean_with_sample_weight"``
+    (see `kerastower.loss_weighting`). Regularization losses are counted once.
+    The towers' gradients are summed (sparse ones stay sparse) and the
+    model's own optimizer applies them once, so clipping, weight decay and
+    optimizer state see exactly the single-device gradient. Metrics and the
+    loss tracker are updated once on the whole batch; predictions come back in
+    input order.
 
     The model's variables are ordinary variables: no `strategy.scope()` is
     needed and weights files are interchangeable with a plain `keras.Model`.
@@ -98,17 +54,26 @@ class TowerModel(keras.Model):
 
     ```python
     import keras
+    import numpy as np
+
     import kerastower
+
+    kerastower.configure_logical_devices(2)  # without GPUs: 2 logical CPUs
 
     inputs = keras.Input((8,))
     outputs = keras.layers.Dense(1)(inputs)
     model = kerastower.TowerModel(inputs, outputs, towers=2)
     model.compile(optimizer="adam", loss="mse")
-    model.fit(x, y, batch_size=10)   # 5 examples per tower
+
+    x = np.random.default_rng(0).normal(size=(100, 8)).astype("float32")
+    y = x.sum(axis=1, keepdims=True)
+    model.fit(x, y, batch_size=10, epochs=2)  # 5 examples per tower
     ```
 
     A subclass that overrides `train_step` replaces the tower splitting with
-    its own step (a warning says so); override `compute_loss` instead.
+    its own step (a warning says so); override `compute_loss` instead. A
+    subclass without `call` can be built from a graph, as
+    ``MyModel(inputs, outputs)``.
 
     Args:
         *args: Passed to `keras.Model` (e.g. ``inputs, outputs``).
@@ -117,11 +82,21 @@ class TowerModel(keras.Model):
             device names. Defaults to ``None``.
         sync_batch_norm: Whether `BatchNormalization` layers use statistics of
             the global batch while training. Defaults to ``True``.
+        strategy: The `tf.distribute.Strategy` of the workers that train this
+            model together, normally the
+            `tf.distribute.MultiWorkerMirroredStrategy` of
+            `kerastower.worker_strategy`; its workers' batches, gradients and
+            metrics are summed, while `towers` sets the devices of this
+            worker. ``None`` takes `kerastower.worker_strategy()` when
+            `TF_CONFIG` names two or more workers, and trains on this worker
+            alone otherwise. Defaults to ``None``.
         **kwargs: Passed to `keras.Model`.
 
     Raises:
-        ValueError: If `towers` is not ``None``, an integer >= 1 or a list of
-            existing device names, or asks for more devices than are visible.
+        ValueError: If `towers` is not ``None``, an integer of at least 1 or a
+            list of existing device names, or asks for more devices than are
+            visible; or if `strategy` is not ``None`` or a
+            `tf.distribute.Strategy`.
     """
 
     def __new__(cls, *args: Any, **kwargs: Any):
@@ -142,8 +117,9 @@ class TowerModel(keras.Model):
         self.sync_batch_norm = bool(sync_batch_norm)
         if strategy is not None and not isinstance(strategy, tf.distribute.Strategy):
             raise ValueError(
-                "`strategy` must be a tf.distribute.MultiWorkerMirroredStrategy "
-                f"or None. Received: strategy={strategy!r}"
+                "`strategy` must be a tf.distribute.Strategy (such as "
+                "MultiWorkerMirroredStrategy) or None. "
+                f"Received: strategy={strategy!r}"
             )
         if strategy is None and cluster.is_multi_worker():
             strategy = multi_worker.worker_strategy()
@@ -154,11 +130,11 @@ class TowerModel(keras.Model):
             # where Keras would rewrite the bases of every class above it.
             self.__class__ = _functional_class(type(self), args)
         if isinstance(self, Functional):
-            Trainer.__init__(self)
-            Functional.__init__(self, *args, **kwargs)
+            _keras_compat.init_functional(self, args, kwargs)
         else:
             super().__init__(*args, **kwargs)
         self._tower_strategy = None
+        self._tower_step = TowerStep(self)
         self._gradient_accumulator = None
         if type(self).train_step is not TowerModel.train_step:
             warnings.warn(
@@ -192,205 +168,17 @@ class TowerModel(keras.Model):
             self._tower_strategy = TowerStrategy(self._tower_devices)
         return self._tower_strategy
 
-    def _resolve_auto_jit_compile(self):
-        if self.num_towers > 1:
-            return False
-        return super()._resolve_auto_jit_compile()
+    def _builds_before_towers(self) -> bool:
+        """Whether Keras must build losses and metrics before the first step.
 
-    def _maybe_symbolic_build(self, iterator=None, data_batch=None):
-        if (
-            self._distribute_strategy is not None
-            or (self.num_towers == 1 and self.num_workers == 1)
-            or type(self).train_step is not TowerModel.train_step
-        ):
-            # One device, or a step of the user's own (a GAN, a VAE), which may
-            # have no `call` to build from: Keras defers the build to the trace.
-            return super()._maybe_symbolic_build(iterator, data_batch)
-        # Keras defers building loss and metric state to the first trace,
-        # which for towers would happen inside the tower strategy. The build
-        # calls the model once more than one device does: the warnings its
-        # layers raise are raised again by the step's trace, so drop them here.
-        try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                self._symbolic_build(iterator=iterator, data_batch=data_batch)
-        except StopIteration:
-            pass  # no data: Keras warns that the input ran out, as on one device
-
-    @contextlib.contextmanager
-    def _tower_context(self, global_batch: tf.Tensor, sync_batch_norm: bool):
-        """Weights compiled losses per tower and records per-output losses.
-
-        While it is open, Keras's compiled losses are wrapped in
-        `kerastower.loss_weighting.TowerLoss`, which records each tower's
-        values for `_tower_loss`; Keras's per-output loss metrics ignore
-        updates (`_update_loss_metrics` updates them once, with the global
-        values); and, with `sync_batch_norm`, `BatchNormalization` layers use
-        statistics of all towers.
+        Keras builds them while tracing the first step, which for towers
+        would happen inside the tower strategy.
         """
-        patched = []
-        if sync_batch_norm and self.sync_batch_norm:
-            for layer in self._flatten_layers(include_self=False):
-                if isinstance(layer, keras.layers.BatchNormalization):
-                    _keras_compat.override_batch_norm_moments(layer, global_moments)
-                    patched.append(layer)
-        compile_loss = getattr(self, "_compile_loss", None)
-        real_metrics = list(getattr(compile_loss, "_metrics", None) or [])
-        if real_metrics:
-            compile_loss._metrics = [_IgnoredMetric() for _ in real_metrics]
-        real_losses = list(getattr(compile_loss, "_flat_losses", None) or [])
-        records: dict = {}
-        if real_losses:
-            compile_loss._flat_losses = [
-                entry._replace(loss=TowerLoss(entry.loss, records))
-                for entry in real_losses
-            ]
-        loss_weights = [
-            1.0 if entry.loss_weights is None else entry.loss_weights
-            for entry in real_losses
-        ]
-        try:
-            yield _TowerLosses(records, loss_weights, global_batch, bool(real_metrics))
-        finally:
-            for layer in patched:
-                _keras_compat.restore_batch_norm(layer)
-            if real_metrics:
-                compile_loss._metrics = real_metrics
-            if real_losses:
-                compile_loss._flat_losses = real_losses
+        return self.num_towers > 1 or self.num_workers > 1
 
-    def _global_batch_size(self, batch: tf.Tensor) -> tf.Tensor:
-        """The batch size summed over workers, as float32."""
-        return self._sum_over_workers(tf.cast(batch, tf.float32))
-
-    def _sum_over_workers(self, values):
-        if self.num_workers == 1:
-            return values
-        return multi_worker.all_reduce_sum(self._worker_strategy, values)
-
-    def _metric_results_over_workers(self, update_metrics):
-        """Runs `update_metrics` and makes every metric count all workers.
-
-        Keras metrics keep additive state (totals and counts), so summing each
-        worker's change of state gives the state of one metric fed every
-        worker's examples.
-        """
-        if self.num_workers == 1:
-            return update_metrics()
-        variables = [v for m in self.metrics for v in m.variables]
-        before = [tf.identity(v) for v in variables]
-        with tf.control_dependencies(before):
-            update_metrics()
-        deltas = [v - b for v, b in zip(variables, before)]
-        for variable, old, delta in zip(
-            variables, before, self._sum_over_workers(deltas)
-        ):
-            variable.assign(old + delta)
-        return self.get_metrics_result()
-
-    def _split_run(self, tower_fn, combine, data, across_workers: bool = True):
-        """Runs `tower_fn(shard, weight, losses)` per tower and combines.
-
-        `combine` turns the list of per-tower outputs into the step's result.
-        Returns that result and the global batch size ``B``, as float32.
-
-        Each tower's weight is its share ``n_i / B`` of the global batch: of all
-        workers' batches when `across_workers`, else of this worker's (for
-        `predict`, which needs no weight and must not wait for the other
-        workers). A batch smaller than the number of towers would leave towers
-        without an example, which some TensorFlow kernels mishandle (oneDNN
-        convolutions return a wrongly shaped empty tensor), so it runs whole on
-        the first tower instead, exactly as on one device.
-        """
-        batch = tf.shape(first_leaf(data))[0]
-        total = (
-            self._global_batch_size(batch)
-            if across_workers
-            else tf.cast(batch, tf.float32)
-        )
-
-        def on_towers():
-            return combine(self._run_towers(tower_fn, data, batch, total))
-
-        def on_one_tower():
-            weight = tf.cast(batch, tf.float32) / total
-            with self._tower_context(total, sync_batch_norm=False) as losses:
-                with tf.device(self._tower_devices[0]):
-                    return combine([tower_fn(data, weight, losses)])
-
-        # Each tower, and the one-tower branch, traces the model: a warning
-        # raised by a layer would print once per tower. Show each once.
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            result = tf.cond(batch >= self.num_towers, on_towers, on_one_tower)
-        _warn_once(caught)
-        return result, total
-
-    def _run_towers(self, tower_fn, data, batch, total):
-        """Splits `data` into shards and runs `tower_fn` on every tower."""
-        # Hide the sizes from shape inference, so that a tower's static batch
-        # size is unknown whatever the global batch (see `sum_gradients`).
-        sizes = tf.compat.v1.placeholder_with_default(
-            tensor_split_sizes(batch, self.num_towers), [self.num_towers]
-        )
-        weights = tf.cast(sizes, tf.float32) / total
-        shards = split_nest(data, sizes, self.num_towers)
-        strategy = self.tower_strategy
-        inputs = strategy.experimental_distribute_values_from_function(
-            lambda ctx: (
-                shards[ctx.replica_id_in_sync_group],
-                weights[ctx.replica_id_in_sync_group],
-            )
-        )
-        with self._tower_context(total, sync_batch_norm=True) as losses:
-            outputs = strategy.run(
-                lambda args: tower_fn(args[0], args[1], losses), args=(inputs,)
-            )
-        return local_results(strategy, outputs)
-
-    def _tower_loss(self, x, y, y_pred, sample_weight, weight, losses, training):
-        """This tower's weighted share of the step's loss and of each output's.
-
-        See `kerastower.loss_weighting` for the rule.
-        """
-        loss = self._compute_loss(
-            x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=training
-        )
-        records = losses.records.pop(tf.distribute.get_replica_context(), [])
-        factors = weigh_compiled_losses(records, losses.global_batch)
-        per_output = []
-        for (value, _, _), factor, loss_weight in zip(
-            records, factors, losses.loss_weights
-        ):
-            value = tf.cast(value, loss.dtype)
-            factor = tf.cast(factor, loss.dtype)
-            # Keras added value * loss_weight; make it value * loss_weight *
-            # factor. A non-finite value already makes the loss non-finite,
-            # as on one device; correcting it would turn inf into NaN.
-            correction = (factor - 1.0) * tf.cast(loss_weight, loss.dtype) * value
-            finite = tf.math.is_finite(value)
-            loss = loss + tf.where(finite, correction, tf.zeros_like(correction))
-            per_output.append(value * factor)
-        weight = tf.cast(weight, loss.dtype)
-        if not losses.per_output_metrics:
-            per_output = []
-        return loss * weight, [v * weight for v in per_output]
-
-    @staticmethod
-    def _combine_losses(per_tower):
-        """Adds up the towers' weighted losses and per-output losses."""
-        loss = tf.add_n([t[1] for t in per_tower])
-        per_output = [tf.add_n(list(v)) for v in zip(*[t[3] for t in per_tower])]
-        y_pred = concat_nest([with_masks(t[2], t[4]) for t in per_tower])
-        return loss, y_pred, per_output, masks_of(y_pred)
-
-    def _update_loss_metrics(self, per_output, y_pred):
-        """Updates Keras's per-output loss metrics once, with global values."""
-        batch_dim = first_leaf(y_pred).shape[0]
-        compile_loss = getattr(self, "_compile_loss", None)
-        metrics = getattr(compile_loss, "_metrics", None) or []
-        for metric, value in zip(metrics, self._sum_over_workers(per_output)):
-            metric.update_state(value, sample_weight=batch_dim)
+    @property
+    def _tower_train_step(self):
+        return TowerModel.train_step
 
     def _check_optimizer(self):
         if getattr(self.optimizer, "gradient_accumulation_steps", None):
@@ -403,142 +191,28 @@ class TowerModel(keras.Model):
                 f"{self.optimizer.gradient_accumulation_steps}"
             )
 
-    def _forward(self, x, training: bool):
-        if self._call_has_training_arg:
-            return self(x, training=training)
-        return self(x)
-
-    def _one_device_gradients(self, x, y, sample_weight, trainable):
-        with tf.GradientTape() as tape:
-            y_pred = self._forward(x, training=True)
-            loss = self._compute_loss(
-                x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=True
-            )
-            scaled = self.optimizer.scale_loss(loss)
-        return tape.gradient(scaled, trainable), loss, y_pred
-
-    def _tower_gradients(self, x, y, sample_weight, trainable):
-        connected: list[int] = []
-
-        def tower_fn(shard, weight, losses):
-            tx, ty, tsw = shard
-            with tf.GradientTape() as tape:
-                y_pred = self._forward(tx, training=True)
-                loss, per_output = self._tower_loss(
-                    tx, ty, y_pred, tsw, weight, losses, training=True
-                )
-                scaled = self.optimizer.scale_loss(loss)
-            grads = tape.gradient(scaled, trainable)
-            connected[:] = [j for j, g in enumerate(grads) if g is not None]
-            return (
-                [grads[j] for j in connected],
-                loss,
-                y_pred,
-                per_output,
-                masks_of(y_pred),
-            )
-
-        def combine(per_tower):
-            loss, y_pred, per_output, masks = self._combine_losses(per_tower)
-            grads = [
-                sum_gradients([t[0][k] for t in per_tower])
-                for k in range(len(connected))
-            ]
-            return grads, loss, y_pred, per_output, masks
-
-        (grads, loss, y_pred, per_output, masks), total = self._split_run(
-            tower_fn, combine, (x, y, sample_weight)
-        )
-        y_pred = with_masks(y_pred, masks)
-        self._update_loss_metrics(per_output, y_pred)
-        gradients = [None] * len(trainable)
-        for k, j in enumerate(connected):
-            gradients[j] = grads[k]
-        return gradients, loss, y_pred, total
-
     def train_step(self, data):
         self._check_optimizer()
-        accumulator = getattr(self, "_gradient_accumulator", None)
-        if self.num_towers == 1 and accumulator is None and self.num_workers == 1:
+        if (
+            self.num_towers == 1
+            and self._gradient_accumulator is None
+            and self.num_workers == 1
+        ):
             with tf.device(self._tower_devices[0]):
                 return super().train_step(data)
-        x, y, sample_weight = data_adapter_utils.unpack_x_y_sample_weight(data)
-        trainable = self.trainable_weights
-        batch_size = tf.shape(first_leaf(x))[0]
-        if self.num_towers == 1 and self.num_workers == 1:
-            with tf.device(self._tower_devices[0]):
-                gradients, loss, y_pred = self._one_device_gradients(
-                    x, y, sample_weight, trainable
-                )
-            global_batch_size = batch_size
-        else:
-            gradients, loss, y_pred, global_batch_size = self._tower_gradients(
-                x, y, sample_weight, trainable
-            )
-        if self.num_workers > 1:
-            connected = [j for j, g in enumerate(gradients) if g is not None]
-            summed = self._sum_over_workers(
-                [loss] + [tf.convert_to_tensor(gradients[j]) for j in connected]
-            )
-            loss = summed[0]
-            for j, grad in zip(connected, summed[1:]):
-                gradients[j] = grad
-        if not trainable:
-            warnings.warn(
-                "The model does not have any trainable weights.", stacklevel=2
-            )
-        elif accumulator is not None:
-            # Micro-batches weigh by their examples on all workers together.
-            accumulator.accumulate(gradients, global_batch_size, self.optimizer)
-        else:
-            self.optimizer.apply_gradients(zip(gradients, trainable))
-
-        def update_metrics():
-            self._loss_tracker.update_state(loss, sample_weight=batch_size)
-            return self.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
-
-        return self._metric_results_over_workers(update_metrics)
+        return self._tower_step.train(data)
 
     def test_step(self, data):
         if self.num_towers == 1 and self.num_workers == 1:
             with tf.device(self._tower_devices[0]):
                 return super().test_step(data)
-        x, y, sample_weight = data_adapter_utils.unpack_x_y_sample_weight(data)
-
-        def tower_fn(shard, weight, losses):
-            tx, ty, tsw = shard
-            y_pred = self._forward(tx, training=False)
-            loss, per_output = self._tower_loss(
-                tx, ty, y_pred, tsw, weight, losses, training=False
-            )
-            return (), loss, y_pred, per_output, masks_of(y_pred)
-
-        (loss, y_pred, per_output, masks), _ = self._split_run(
-            tower_fn, self._combine_losses, (x, y, sample_weight)
-        )
-        y_pred = with_masks(y_pred, masks)
-        loss = self._sum_over_workers(loss)
-        self._update_loss_metrics(per_output, y_pred)
-
-        def update_metrics():
-            self._loss_tracker.update_state(
-                loss, sample_weight=tf.shape(first_leaf(x))[0]
-            )
-            return self.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
-
-        return self._metric_results_over_workers(update_metrics)
+        return self._tower_step.test(data)
 
     def predict_step(self, data):
         if self.num_towers == 1:
             with tf.device(self._tower_devices[0]):
                 return super().predict_step(data)
-        x, _, _ = data_adapter_utils.unpack_x_y_sample_weight(data)
-
-        def tower_fn(shard, weight, losses):
-            return self._forward(shard, training=False)
-
-        y_pred, _ = self._split_run(tower_fn, concat_nest, x, across_workers=False)
-        return y_pred
+        return self._tower_step.predict(data)
 
     def fit(self, *args, **kwargs):
         if self.num_workers > 1:
@@ -585,8 +259,13 @@ class TowerModel(keras.Model):
         Example:
 
         ```python
+        import keras
+
+        import kerastower
+
         plain = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
-        model = kerastower.TowerModel.from_model(plain, towers=2)
+        model = kerastower.TowerModel.from_model(plain)  # shares plain's weights
+        model.compile(optimizer="adam", loss="mse")
         ```
 
         Args:
@@ -606,7 +285,7 @@ class TowerModel(keras.Model):
             raise ValueError(
                 f"`model` must be a keras.Model. Received: model={type(model).__name__}"
             )
-        graph = getattr(model, "_functional", None) or model  # Sequential
+        graph = _keras_compat.graph_of(model)
         try:
             inputs, outputs = graph.input, graph.output
         except (AttributeError, ValueError):

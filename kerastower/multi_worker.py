@@ -5,6 +5,10 @@ Across workers it uses the collective all-reduce of a
 `tf.distribute.MultiWorkerMirroredStrategy`, TensorFlow's own multi-worker
 engine: the global batch size, the gradients and the metric updates are summed
 over workers, so every worker applies the same update to the same weights.
+
+Most programs need only `worker_strategy` (also `kerastower.worker_strategy`),
+called first on every worker; `TowerModel` uses the rest by itself. See the
+guide to several machines.
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from kerastower import cluster
+from kerastower import _keras_compat, cluster
 
 DEFAULT_TIMEOUT_SECONDS = 600.0
 _STRATEGY: tf.distribute.Strategy | None = None
@@ -28,7 +32,18 @@ def worker_strategy(
     Call it early, after `configure_logical_devices` and before building the
     model, on every worker: TensorFlow sets up the cluster (from `TF_CONFIG`)
     when the strategy is made. `TowerModel` calls it itself when `TF_CONFIG`
-    names two or more workers.
+    names two or more workers. Only the first call's `timeout_seconds` is
+    used.
+
+    Example:
+
+    ```python
+    import kerastower
+
+    kerastower.configure_logical_devices(2)  # without GPUs: 2 towers per worker
+    strategy = kerastower.worker_strategy(timeout_seconds=300)  # before any model
+    print(kerastower.num_workers())  # from TF_CONFIG; 1 without it
+    ```
 
     Args:
         timeout_seconds: How long a collective operation may wait for the other
@@ -68,8 +83,15 @@ def worker_strategy(
 
 
 def num_workers_of(strategy: tf.distribute.Strategy) -> int:
-    """Returns how many workers `strategy` spans (1 for one-machine ones)."""
-    return int(getattr(strategy.extended, "_num_workers", 1))
+    """Returns how many workers `strategy` spans (1 for one-machine ones).
+
+    Args:
+        strategy: A `tf.distribute.Strategy`.
+
+    Returns:
+        The number of workers, 1 for a strategy on one machine.
+    """
+    return _keras_compat.num_workers_of(strategy)
 
 
 def all_reduce_sum(strategy: tf.distribute.Strategy, values: Any) -> Any:
@@ -113,6 +135,9 @@ def broadcast_from_chief(
 ) -> None:
     """Gives every worker the chief's values of `variables`.
 
+    Every worker must call it, with the same variables in the same order: the
+    values travel by an all-reduce in which the other workers add zeros.
+
     Args:
         strategy: A `MultiWorkerMirroredStrategy`.
         variables: The same list of variables on every worker.
@@ -133,7 +158,13 @@ def broadcast_from_chief(
 
 
 class BroadcastFromChief(keras.callbacks.Callback):
-    """Starts every worker from the chief's weights and optimizer state."""
+    """Starts every worker from the chief's weights and optimizer state.
+
+    A `keras.callbacks.Callback` that, at the start of `fit`, broadcasts the
+    model's and the optimizer's variables from the chief (see
+    `broadcast_from_chief`). `TowerModel` adds it to `fit` by itself on a
+    multi-worker cluster, after any callback that restores a checkpoint.
+    """
 
     def on_train_begin(self, logs=None):
         model = self.model

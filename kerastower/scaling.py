@@ -89,17 +89,17 @@ def towers_and_workers(towers_or_model: Any) -> tuple[int, int]:
     """Returns ``(towers per worker, workers)`` for a tower count or a model.
 
     Args:
-        towers_or_model: An integer >= 1, the number of towers over all workers
-            (returned as ``(towers_or_model, 1)``); or a model, whose
-            ``num_towers`` (1 for a plain `keras.Model`) and ``num_workers``
-            (1 when absent) are read.
+        towers_or_model: An integer of at least 1, the number of towers over
+            all workers (returned as ``(towers_or_model, 1)``); or a model,
+            whose ``num_towers`` (1 for a plain `keras.Model`) and
+            ``num_workers`` (1 when absent) are read.
 
     Returns:
-        A pair of integers >= 1.
+        A pair of integers of at least 1.
 
     Raises:
         ValueError: If the count, or the model's attributes, are not integers
-            >= 1.
+            of at least 1.
     """
     if _is_int(towers_or_model) or isinstance(towers_or_model, bool):
         return check_positive_int("towers_or_model", towers_or_model), 1
@@ -126,25 +126,30 @@ def global_batch_size(per_tower_batch_size: int, towers_or_model: Any) -> int:
     Example:
 
     ```python
-    >>> global_batch_size(32, 4)
+    >>> import keras
+    >>> import kerastower
+    >>> kerastower.global_batch_size(32, 4)
     128
-    >>> global_batch_size(32, kerastower.TowerModel(inputs, outputs, towers=2))
-    64
+    >>> inputs = keras.Input((8,))
+    >>> model = kerastower.TowerModel(inputs, keras.layers.Dense(1)(inputs), towers=1)
+    >>> kerastower.global_batch_size(32, model)  # 32 x model.num_towers
+    32
     ```
 
     Args:
         per_tower_batch_size: The number of examples each tower processes per
-            step, an integer >= 1.
+            step, an integer of at least 1.
         towers_or_model: The number of towers over all workers, an integer
-            >= 1; or a `keras.Model`, whose ``num_towers`` (1 for a plain
-            `keras.Model`) times its ``num_workers`` (1 when absent) is used.
+            of at least 1; or a `keras.Model`, whose ``num_towers`` (1 for a
+            plain `keras.Model`) times its ``num_workers`` (1 when absent) is
+            used.
 
     Returns:
-        The global batch size, an integer >= 1.
+        The global batch size, an integer of at least 1.
 
     Raises:
-        ValueError: If `per_tower_batch_size` is not an integer >= 1 or
-            `towers_or_model` is neither an integer >= 1 nor a model.
+        ValueError: If `per_tower_batch_size` is not an integer of at least 1
+            or `towers_or_model` is neither such an integer nor a model.
     """
     per_tower = check_positive_int("per_tower_batch_size", per_tower_batch_size)
     towers, workers = towers_and_workers(towers_or_model)
@@ -178,8 +183,8 @@ def target_learning_rate(
         base_learning_rate: ``lr_0``, a finite number > 0.
         base_batch_size: ``B_0``, the global batch size ``lr_0`` was tuned for,
             an integer >= 1.
-        global_batch_size: ``B``, the global batch size of the run, an integer
-            >= 1.
+        global_batch_size: ``B``, the global batch size of the run, an
+            integer of at least 1.
         rule: ``"linear"`` or ``"sqrt"``. Defaults to ``"linear"``.
 
     Returns:

@@ -37,26 +37,31 @@ def _check_counts(batch_size: int, towers: int) -> None:
 def split_sizes(batch_size: int, towers: int) -> list[int]:
     """Returns how many examples of a global batch each tower gets.
 
+    `TowerModel` cuts a **global** batch of ``B`` examples into ``N``
+    contiguous shards in input order: the first ``B mod N`` towers get
+    ``B // N + 1`` examples, the others ``B // N``.
+
+    Example:
+
+    ```python
+    >>> import kerastower
+    >>> kerastower.split_sizes(10, 3)
+    [4, 3, 3]
+    >>> kerastower.split_sizes(1, 4)
+    [1, 0, 0, 0]
+    ```
+
     Args:
         batch_size: The global batch size ``B`` (all towers together), an
-            integer >= 0.
-        towers: The number of towers ``N``, an integer >= 1.
+            integer of at least 0.
+        towers: The number of towers ``N``, an integer of at least 1.
 
     Returns:
         A list of ``N`` integers summing to ``B``; entry ``i`` is
         ``B // N + (1 if i < B % N else 0)``.
 
     Raises:
-        ValueError: If ``batch_size`` is negative or ``towers`` < 1.
-
-    Example:
-
-    ```python
-    >>> split_sizes(10, 3)
-    [4, 3, 3]
-    >>> split_sizes(1, 4)
-    [1, 0, 0, 0]
-    ```
+        ValueError: If ``batch_size`` is negative or ``towers`` is less than 1.
     """
     _check_counts(batch_size, towers)
     base, rest = divmod(batch_size, towers)

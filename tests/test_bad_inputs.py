@@ -108,7 +108,8 @@ ERRORS = {
             mlp(), towers=2, strategy="mirrored"
         ),
         ValueError,
-        r"`strategy` must be a tf\.distribute\.MultiWorkerMirroredStrategy or None\. "
+        r"`strategy` must be a tf\.distribute\.Strategy \(such as "
+        r"MultiWorkerMirroredStrategy\) or None\. "
         r"Received: strategy='mirrored'",
     ),
     "from-model-not-a-model": (

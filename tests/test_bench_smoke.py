@@ -1,13 +1,12 @@
 """Smoke run of the benchmarks (``python -m bench --quick``) and its ratio math."""
 
 import json
-import os
 import statistics
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from bench_runner import run_bench
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
@@ -77,15 +76,7 @@ def test_memory_ratios_whole_and_above_floor():
 @pytest.fixture(scope="module")
 def quick_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("bench")
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
-    process = subprocess.run(
-        [sys.executable, "-m", "bench", "--quick", "--out", str(out)],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    process = run_bench("bench", "--quick", "--out", str(out))
     assert process.returncode == 0, process.stderr[-3000:]
     return json.loads((out / "benchmarks.json").read_text()), out
 

@@ -83,6 +83,109 @@ def test_console_script_lists_the_devices():
     assert "  tower 0  /device:CPU:0" in result.stdout
 
 
+def test_the_command_starts_quietly_unless_verbose():
+    # TensorFlow's C++ start-up lines (oneDNN, CPU features, absl) go to the
+    # process's stderr at import; the command's first line is its own.
+    env = dict(os.environ)
+    env.pop("TF_CPP_MIN_LOG_LEVEL", None)
+    env.pop("TF_CONFIG", None)
+    env["PYTHONPATH"] = os.pathsep.join(
+        filter(None, [str(ROOT), env.get("PYTHONPATH")])
+    )
+    command = [sys.executable, "-m", "kerastower", "devices"]
+    quiet = subprocess.run(
+        command, capture_output=True, text=True, timeout=240, env=env, cwd=ROOT
+    )
+    assert quiet.returncode == 0, quiet.stderr
+    assert quiet.stderr == ""
+    assert quiet.stdout.startswith("kerastower "), quiet.stdout
+    verbose = subprocess.run(
+        [*command, "--verbose"],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env=env,
+        cwd=ROOT,
+    )
+    assert verbose.returncode == 0, verbose.stderr
+    assert verbose.stdout == quiet.stdout
+
+
+def test_version_names_kerastower_tensorflow_and_keras(capsys):
+    import keras
+    import tensorflow as tf
+
+    import kerastower
+
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["--version"])
+    assert exit_info.value.code == 0
+    assert capsys.readouterr().out.strip() == (
+        f"kerastower {kerastower.__version__} (TensorFlow {tf.__version__}, "
+        f"Keras {keras.__version__})"
+    )
+
+
+@pytest.mark.parametrize(
+    "argv0, orig_argv, expected",
+    [
+        ("/usr/bin/kerastower", ["python", "/usr/bin/kerastower", "demo"], True),
+        ("C:\\venv\\Scripts\\kerastower.exe", ["kerastower.exe"], True),
+        ("-m", ["python", "-m", "kerastower", "devices"], True),
+        ("-m", ["python", "-X", "dev", "-m", "kerastower.cli"], True),
+        ("train.py", ["python", "train.py"], False),
+        ("-m", ["python", "-m", "pytest"], False),
+    ],
+)
+def test_only_the_command_line_is_quieted(monkeypatch, argv0, orig_argv, expected):
+    monkeypatch.setattr(sys, "argv", [argv0])
+    monkeypatch.setattr(sys, "orig_argv", orig_argv, raising=False)
+    assert cli.started_as_command() is expected
+
+
+def test_verbose_is_accepted_before_and_after_the_command():
+    parser = cli._parser()
+    assert parser.parse_args(["--verbose", "devices"]).verbose
+    assert parser.parse_args(["demo", "--verbose"]).verbose
+    assert not parser.parse_args(["devices"]).verbose
+
+
+class _FakeConfig:
+    """Stands in for `tf.config` on a machine with two GPUs."""
+
+    def __init__(self, memory):
+        self.memory = memory
+        self.experimental = self
+
+    def list_physical_devices(self, kind):
+        return ["gpu0", "gpu1"] if kind == "GPU" else ["cpu0"]
+
+    def get_device_details(self, device):
+        if device == "gpu1":
+            raise ValueError("no details")
+        return {"device_name": "NVIDIA H100", "compute_capability": (9, 0)}
+
+    def get_memory_info(self, name):
+        if self.memory is None:
+            raise ValueError("memory info is not supported")
+        return self.memory
+
+
+def test_gpu_details_show_what_tensorflow_reports():
+    import tensorflow as tf
+
+    fake = type("tf", (), {"DeviceSpec": tf.DeviceSpec})()
+    fake.config = _FakeConfig({"current": 3 * 2**20, "peak": 5 * 2**20})
+    assert cli._gpu_details(fake, "/device:GPU:0") == (
+        "NVIDIA H100, compute capability 9.0, memory in use 3 MiB (peak 5 MiB)"
+    )
+    assert cli._gpu_details(fake, "/device:GPU:1") == (
+        "memory in use 3 MiB (peak 5 MiB)"
+    )
+    fake.config = _FakeConfig(None)
+    assert cli._gpu_details(fake, "/device:GPU:1") == ""
+
+
 def test_usage_errors():
     with pytest.raises(SystemExit) as exit_info:
         cli.main(["demo", "--towers", "0"])

@@ -11,6 +11,7 @@ import kerastower
 from kerastower.model import FunctionalTowerModel
 
 X, Y = regression_data(n=23)
+BASES = kerastower.TowerModel.__bases__
 
 
 def graph(seed=0):
@@ -65,7 +66,8 @@ def test_compute_loss_override_on_a_graph_subclass(style):
     assert_same_history(train(plain), train(towered))
     assert_same_weights(plain, towered)
     # No class's bases were rewritten: a subclassed TowerModel still builds.
-    assert kerastower.TowerModel.__bases__ == (keras.Model,)
+    assert kerastower.TowerModel.__bases__ == BASES
+    assert keras.Model in BASES
 
     class Subclassed(kerastower.TowerModel):
         def __init__(self):
@@ -167,3 +169,33 @@ def test_a_warning_raised_in_a_step_is_shown_as_often_as_on_one_device():
         return [str(w.message) for w in caught].count("chatty layer called")
 
     assert count(kerastower.TowerModel, towers=3) == count(keras.Model) >= 1
+
+
+class TrackedLoss(kerastower.TowerModel):
+    """Tracks its loss in `compute_loss`, as keras.io's custom-fit guide does."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.tracker = keras.metrics.Mean(name="tracked")
+
+    def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None, **kw):
+        loss = super().compute_loss(x, y, y_pred, sample_weight, **kw)
+        self.tracker.update_state(loss)
+        return loss
+
+
+def test_a_metric_updated_in_compute_loss_sees_each_tower_once():
+    # The documented rule (Concepts, Limits): such a metric is updated once
+    # per tower, with that tower's own loss; compiled metrics and the loss
+    # tracker are updated once, on the whole batch.
+    model = TrackedLoss(*graph(), towers=2)
+    model.compile(optimizer="sgd", loss="mse")
+    x, y = X[:5], Y[:5]  # towers of 3 and 2 examples
+    logs = model.evaluate(x, y, batch_size=5, verbose=0, return_dict=True)
+    errors = (model.predict(x, batch_size=5, verbose=0) - y) ** 2
+    per_tower = [errors[:3].mean(), errors[3:].mean()]
+    np.testing.assert_allclose(logs["loss"], errors.mean(), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(
+        logs["tracked"], np.mean(per_tower), rtol=1e-5, atol=1e-6
+    )
+    assert abs(np.mean(per_tower) - errors.mean()) > 1e-3  # the rule matters here

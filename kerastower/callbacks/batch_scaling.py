@@ -8,7 +8,7 @@ from typing import Any
 import keras
 from keras import ops
 
-from kerastower import scaling
+from kerastower import _keras_compat, scaling
 
 
 @keras.saving.register_keras_serializable(package="kerastower")
@@ -21,10 +21,26 @@ class ScaledSchedule(keras.optimizers.schedules.LearningRateSchedule):
     in one and sets the factor at every batch; the factor is saved with the
     optimizer's config.
 
+    Example:
+
+    ```python
+    import keras
+
+    import kerastower
+
+    decay = keras.optimizers.schedules.ExponentialDecay(0.1, 1000, 0.5)
+    scaled = kerastower.callbacks.ScaledSchedule(decay, factor=4.0)
+    print(float(scaled(0)))  # 0.4 = 0.1 * 4
+    ```
+
     Args:
         schedule: The `LearningRateSchedule` to scale (or its serialized
             config).
         factor: The initial factor, a float. Defaults to ``1.0``.
+
+    Raises:
+        ValueError: If `schedule` is not a `LearningRateSchedule` (or the
+            config of one).
     """
 
     def __init__(self, schedule: Any, factor: float = 1.0):
@@ -104,16 +120,31 @@ class BatchScaling(keras.callbacks.Callback):
     Example:
 
     ```python
-    model = kerastower.TowerModel(inputs, outputs, towers=4)
+    import keras
+    import numpy as np
+
+    import kerastower
+
+    kerastower.configure_logical_devices(4)  # without GPUs: 4 logical CPUs
+
+    inputs = keras.Input((8,))
+    model = kerastower.TowerModel(inputs, keras.layers.Dense(1)(inputs), towers=4)
     model.compile(optimizer=keras.optimizers.SGD(), loss="mse")
     scaling = kerastower.callbacks.BatchScaling(
-        per_tower_batch_size=64,      # global batch 256
-        base_learning_rate=0.1,       # tuned for a global batch of 32
+        per_tower_batch_size=64,  # global batch 64 x 4 = 256
+        base_learning_rate=0.1,  # tuned for a global batch of 32
         base_batch_size=32,
-        warmup_epochs=5,              # 0.1 -> 0.8 over 5 epochs
+        warmup_epochs=5,  # 0.1 -> 0.1 * 256 / 32 = 0.8 over 5 epochs
     )
-    model.fit(x, y, batch_size=kerastower.global_batch_size(64, model),
-              epochs=90, callbacks=[scaling, keras.callbacks.CSVLogger("log.csv")])
+    x = np.random.default_rng(0).normal(size=(2560, 8)).astype("float32")
+    y = x.sum(axis=1, keepdims=True)
+    model.fit(
+        x,
+        y,
+        batch_size=kerastower.global_batch_size(64, model),  # 256
+        epochs=10,
+        callbacks=[scaling, keras.callbacks.CSVLogger("log.csv")],  # logs the rate
+    )
     ```
 
     Args:
@@ -172,6 +203,17 @@ class BatchScaling(keras.callbacks.Callback):
         Only valid once `fit` has started (the global batch comes from the
         model). With a `LearningRateSchedule` this is the rate before the
         schedule's value is applied: the factor is ``lr / lr_0``.
+
+        Args:
+            epoch: The 0-based epoch index ``k``.
+            batch: The 0-based batch index ``j`` within the epoch.
+
+        Returns:
+            ``lr = lr_0 + (lr_target - lr_0) * min(e / E_w, 1)`` with
+            ``e = k + (j + 1) / S``, as a float.
+
+        Raises:
+            ValueError: If `fit` has not started yet.
         """
         if self.target_learning_rate is None:
             raise ValueError(
@@ -212,8 +254,7 @@ class BatchScaling(keras.callbacks.Callback):
     def _attach(self, optimizer: Any) -> keras.Variable | None:
         """Returns the variable that scales a schedule, or None for a float rate."""
         owner = _innermost(optimizer)
-        # Keras has no public way to tell a schedule from a variable rate.
-        current = getattr(owner, "_learning_rate", None)
+        current = _keras_compat.learning_rate_slot(owner)
         if isinstance(current, ScaledSchedule):
             return current.factor
         if isinstance(current, keras.optimizers.schedules.LearningRateSchedule):

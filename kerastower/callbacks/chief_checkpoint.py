@@ -12,9 +12,8 @@ import uuid
 import warnings
 
 import keras
-from keras.src.utils import file_utils, io_utils
 
-from kerastower import cluster
+from kerastower import _keras_compat, cluster
 
 TEMP_PREFIX = ".kerastower-tmp-"
 """Names of the chief's in-progress files start with this; they never match."""
@@ -72,12 +71,16 @@ def latest_checkpoint(filepath: str) -> str | None:
     Example:
 
     ```python
-    path = kerastower.callbacks.latest_checkpoint("ckpt/{epoch:03d}.keras")
+    import keras
+
+    import kerastower
+
+    filepath = "ckpt/{epoch:03d}.keras"
+    path = kerastower.callbacks.latest_checkpoint(filepath)  # None if none yet
     if path is not None:
-        model.load_weights(path)  # restores the optimizer state too
-        initial_epoch = kerastower.callbacks.checkpoint_epoch(
-            path, "ckpt/{epoch:03d}.keras"
-        )
+        model = keras.models.load_model(path)  # with its optimizer state
+        initial_epoch = kerastower.callbacks.checkpoint_epoch(path, filepath)
+        print(f"resume from {path}: fit(..., initial_epoch={initial_epoch})")
     ```
 
     Args:
@@ -91,7 +94,7 @@ def latest_checkpoint(filepath: str) -> str | None:
         ValueError: If `filepath` has fields in its directory part or is not
             a valid format string.
     """
-    filepath = file_utils.path_to_string(filepath)
+    filepath = os.fspath(filepath)
     regex = _name_regex(filepath)
     directory = os.path.dirname(filepath) or os.curdir
     if not os.path.isdir(directory):
@@ -123,6 +126,17 @@ def checkpoint_epoch(path: str, filepath: str) -> int | None:
     epochs completed, which is the `initial_epoch` to pass to `fit` when
     resuming from it.
 
+    Example:
+
+    ```python
+    import kerastower
+
+    epoch = kerastower.callbacks.checkpoint_epoch(
+        "ckpt/007-0.1234.keras", "ckpt/{epoch:03d}-{val_loss:.4f}.keras"
+    )
+    print(epoch)  # 7
+    ```
+
     Args:
         path: A checkpoint file written by a callback with `filepath`.
         filepath: The callback's `filepath` pattern.
@@ -134,9 +148,7 @@ def checkpoint_epoch(path: str, filepath: str) -> int | None:
     Raises:
         ValueError: If `filepath` has fields in its directory part.
     """
-    match = _name_regex(file_utils.path_to_string(filepath)).match(
-        os.path.basename(file_utils.path_to_string(path))
-    )
+    match = _name_regex(os.fspath(filepath)).match(os.path.basename(os.fspath(path)))
     if match is None or match.groupdict().get("epoch") is None:
         return None
     return int(match.group("epoch"))
@@ -170,7 +182,7 @@ def _remove_quietly(path: str) -> None:
         pass
 
 
-class ChiefCheckpoint(keras.callbacks.ModelCheckpoint):
+class ChiefCheckpoint(_keras_compat.CheckpointHooks, keras.callbacks.ModelCheckpoint):
     """`keras.callbacks.ModelCheckpoint` for multi-worker training.
 
     Every `ModelCheckpoint` option works as there (`monitor`, `mode`,
@@ -222,6 +234,17 @@ class ChiefCheckpoint(keras.callbacks.ModelCheckpoint):
     Example:
 
     ```python
+    import keras
+    import numpy as np
+
+    import kerastower
+
+    inputs = keras.Input((8,))
+    model = kerastower.TowerModel(inputs, keras.layers.Dense(1)(inputs))
+    model.compile(optimizer="adam", loss="mse")
+    x = np.random.default_rng(0).normal(size=(640, 8)).astype("float32")
+    y = x.sum(axis=1, keepdims=True)
+
     checkpoint = kerastower.callbacks.ChiefCheckpoint(
         "ckpt/{epoch:03d}.keras", resume=True
     )
@@ -316,7 +339,7 @@ class ChiefCheckpoint(keras.callbacks.ModelCheckpoint):
 
     @property
     def _remote(self) -> bool:
-        return file_utils.is_remote_path(self.filepath)
+        return _keras_compat.is_remote_path(self.filepath)
 
     def _is_chief(self) -> bool:
         if self._chief is None:
@@ -352,7 +375,7 @@ class ChiefCheckpoint(keras.callbacks.ModelCheckpoint):
         if self._resumed_epoch is not None:
             # The starting epoch belongs to this run; a later `fit` starts
             # where its own `initial_epoch` says.
-            self.model._initial_epoch = None
+            _keras_compat.set_initial_epoch(self.model, None)
             self._resumed_epoch = None
 
     def _prepare_directory(self, directory: str) -> None:
@@ -385,16 +408,15 @@ class ChiefCheckpoint(keras.callbacks.ModelCheckpoint):
             model.optimizer.build(model.trainable_variables)
         model.load_weights(path)
         self._resumed_epoch = checkpoint_epoch(path, self.filepath)
-        # `fit` starts from `model._initial_epoch` when it is set after
-        # `on_train_begin`; `keras.callbacks.BackupAndRestore` relies on it too.
-        model._initial_epoch = self._resumed_epoch
+        _keras_compat.set_initial_epoch(model, self._resumed_epoch)
         if self.verbose > 0:
-            io_utils.print_msg(
+            _keras_compat.print_msg(
                 f"Resuming from {path}: training starts at epoch "
                 f"{self._resumed_epoch + 1}"
             )
 
-    def _save_model(self, epoch: int, batch: int | None, logs: dict | None) -> None:
+    def save_checkpoint(self, epoch: int, batch: int | None, logs: dict | None) -> None:
+        """Saves this epoch's (or batch's) checkpoint on the chief only."""
         if batch is None:
             reason = self._epoch_cut_short(logs)
             if reason is not None:
@@ -404,8 +426,8 @@ class ChiefCheckpoint(keras.callbacks.ModelCheckpoint):
                     stacklevel=2,
                 )
                 return
-        filepath = self._get_file_path(epoch, batch, logs)
-        if not self._should_save_model(epoch, batch, logs, filepath):
+        filepath = self.checkpoint_path(epoch, batch, logs)
+        if not self.should_save(epoch, batch, logs, filepath):
             return
         if not self._is_chief():
             self._save_and_discard(filepath)
@@ -414,7 +436,7 @@ class ChiefCheckpoint(keras.callbacks.ModelCheckpoint):
         else:
             self._save_atomically(filepath)
         if self.verbose > 0 and self._is_chief():
-            io_utils.print_msg(
+            _keras_compat.print_msg(
                 f"\nEpoch {epoch + 1}: finished saving model to {filepath}"
             )
 

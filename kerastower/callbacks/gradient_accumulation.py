@@ -47,8 +47,20 @@ class GradientAccumulation(keras.callbacks.Callback):
     Example:
 
     ```python
-    model.fit(x, y, batch_size=32, callbacks=[GradientAccumulation(4)])
-    # one update per 4 x 32 = 128 examples
+    import keras
+    import numpy as np
+
+    import kerastower
+
+    inputs = keras.Input((8,))
+    model = kerastower.TowerModel(inputs, keras.layers.Dense(1)(inputs))
+    model.compile(optimizer="adam", loss="mse")
+    x = np.random.default_rng(0).normal(size=(1000, 8)).astype("float32")
+    y = x.sum(axis=1, keepdims=True)
+
+    accumulation = kerastower.callbacks.GradientAccumulation(4)
+    model.fit(x, y, batch_size=32, epochs=2, callbacks=[accumulation])
+    # One update per 4 x 32 = 128 examples, as one device with batch_size=128.
     ```
 
     Args:
@@ -126,7 +138,7 @@ class GradientAccumulation(keras.callbacks.Callback):
 
     @property
     def pending_examples(self) -> int:
-        """Examples in the current, not yet applied window."""
+        """The examples in the current window, not yet applied (0 when none)."""
         if self._accumulator is None:
             return 0
         return int(self._accumulator.examples.numpy())

@@ -166,10 +166,23 @@ class TowerMonitor(keras.callbacks.Callback):
     Example:
 
     ```python
+    import keras
+    import numpy as np
+
+    import kerastower
+
+    kerastower.configure_logical_devices(4)  # without GPUs: 4 logical CPUs
+
+    inputs = keras.Input((8,))
+    model = kerastower.TowerModel(inputs, keras.layers.Dense(1)(inputs), towers=4)
+    model.compile(optimizer="adam", loss="mse")
+    x = np.random.default_rng(0).normal(size=(600, 8)).astype("float32")
+    y = x.sum(axis=1, keepdims=True)
+
     monitor = kerastower.callbacks.TowerMonitor("logs")
     model.fit(x, y, batch_size=30, epochs=3, callbacks=[monitor])
-    monitor.history[-1]["per_tower_batch_size"]   # [8, 8, 7, 7] on 4 towers
-    # tensorboard --logdir logs
+    print(monitor.history[-1]["per_tower_batch_size"])  # [8, 8, 7, 7]
+    # Then: tensorboard --logdir logs
     ```
 
     Args:

@@ -1,37 +1,17 @@
-"""The private Keras hooks kerastower relies on, each checked against Keras.
-
-Public Keras API is used wherever one exists. What has none (a loss's
-per-element values and mask, Keras's masking of sample weights) is reached
-here and nowhere else, and each hook is checked once against the installed
-Keras: when Keras changes one, the user gets an error that names the hook and
-the Keras version, never a silently different model.
-"""
+"""Keras's loss reduction and masks, as the tower loss weighting needs them."""
 
 from __future__ import annotations
 
 import functools
-import inspect
 
 import keras
 import numpy as np
 import tensorflow as tf
 
-SUPPORTED_KERAS = ">=3.15,<4"
+from kerastower._keras_compat.errors import _fail
 
 # Reductions whose one-device value is ``sum(weighted values) / divisor``.
 NORMALISED_REDUCTIONS = ("sum_over_batch_size", "mean", "mean_with_sample_weight")
-
-
-class KerasCompatibilityError(RuntimeError):
-    """A private Keras hook that kerastower needs is missing or has changed."""
-
-
-def _fail(hook: str, detail: str) -> KerasCompatibilityError:
-    return KerasCompatibilityError(
-        f"kerastower needs the Keras hook `{hook}`, which {detail} in the "
-        f"installed Keras {keras.__version__}; kerastower supports Keras "
-        f"{SUPPORTED_KERAS}. Install a supported Keras, or report this."
-    )
 
 
 def _loss_module():
@@ -43,50 +23,6 @@ def _loss_module():
         if not callable(getattr(loss_module, name, None)):  # pragma: no cover
             raise _fail(f"keras.src.losses.loss.{name}", "is missing")
     return loss_module
-
-
-def register_alias(alias: type, cls: type) -> None:
-    """Saves instances of `alias` under the name `cls` is registered with.
-
-    Keras looks a class's saved name up by the class itself; a generated
-    subclass would otherwise save under a name nothing loads.
-    """
-    from keras.src.saving import object_registration
-
-    names = getattr(object_registration, "GLOBAL_CUSTOM_NAMES", None)
-    if not isinstance(names, dict):  # pragma: no cover - depends on Keras
-        raise _fail(
-            "keras.src.saving.object_registration.GLOBAL_CUSTOM_NAMES", "is missing"
-        )
-    if cls in names:
-        names[alias] = names[cls]
-
-
-def override_batch_norm_moments(layer, moments) -> None:
-    """Makes a `BatchNormalization` layer compute its batch statistics with
-    ``moments(inputs, reduction_axes, mask)``; undo with `restore_batch_norm`.
-
-    Raises:
-        KerasCompatibilityError: If the layer no longer computes its
-            statistics in ``_moments(inputs, mask)`` over ``_reduction_axes``.
-    """
-    method = getattr(type(layer), "_moments", None)
-    if not callable(method) or list(inspect.signature(method).parameters) != [
-        "self",
-        "inputs",
-        "mask",
-    ]:
-        raise _fail(
-            "BatchNormalization._moments(inputs, mask)", "is missing or changed"
-        )
-    if not hasattr(layer, "_reduction_axes"):
-        raise _fail("BatchNormalization._reduction_axes", "is missing")
-    layer._moments = lambda inputs, mask: moments(inputs, layer._reduction_axes, mask)
-
-
-def restore_batch_norm(layer) -> None:
-    """Undoes `override_batch_norm_moments`."""
-    vars(layer).pop("_moments", None)
 
 
 def get_keras_mask(tensor) -> tf.Tensor | None:
@@ -166,9 +102,12 @@ def loss_divisor(loss, y_true, y_pred, sample_weight=None) -> tf.Tensor | None:
     check_reductions()
     in_mask = get_keras_mask(y_pred)
     dtype = loss.dtype
-    values = loss.call(
-        tf.nest.map_structure(lambda t: tf.cast(t, dtype), y_true),
-        tf.nest.map_structure(lambda t: tf.cast(t, dtype), y_pred),
+    values = tf.convert_to_tensor(
+        loss.call(
+            tf.nest.map_structure(lambda t: tf.cast(t, dtype), y_true),
+            tf.nest.map_structure(lambda t: tf.cast(t, dtype), y_pred),
+        ),
+        dtype=dtype,
     )
     if values.shape.rank == 0:
         return None

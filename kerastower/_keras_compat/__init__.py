@@ -1,0 +1,88 @@
+"""The private Keras hooks kerastower relies on, each checked against Keras.
+
+Public Keras API is used wherever one exists. What has none (a loss's
+per-element values and mask, Keras's masking of sample weights) is reached
+here and nowhere else, and each hook is checked once against the installed
+Keras: when Keras changes one, the user gets an error that names the hook and
+the Keras version, never a silently different model.
+
+The package is that one place: `errors` (the error and the supported
+range), `losses` (loss reduction and masks), `trainer` (model and trainer
+hooks) and `callbacks` (callbacks, optimizers, strategies).
+"""
+
+from kerastower._keras_compat.callbacks import (
+    CheckpointHooks,
+    is_remote_path,
+    learning_rate_slot,
+    num_workers_of,
+    print_msg,
+    set_initial_epoch,
+)
+from kerastower._keras_compat.errors import (
+    SUPPORTED_KERAS,
+    KerasCompatibilityError,
+    _attribute,
+    _fail,
+)
+from kerastower._keras_compat.losses import (
+    NORMALISED_REDUCTIONS,
+    _loss_module,
+    check_reductions,
+    divisor,
+    get_keras_mask,
+    loss_divisor,
+    set_keras_mask,
+)
+from kerastower._keras_compat.trainer import (
+    Functional,
+    TrainerHooks,
+    compiled_losses_replaced,
+    compute_loss,
+    forward,
+    functional_init_arguments,
+    graph_of,
+    init_functional,
+    inner_layers,
+    loss_tracker,
+    override_batch_norm_moments,
+    per_output_loss_metrics,
+    register_alias,
+    restore_batch_norm,
+    warn_once,
+)
+
+__all__ = [
+    "SUPPORTED_KERAS",
+    "NORMALISED_REDUCTIONS",
+    "CheckpointHooks",
+    "Functional",
+    "KerasCompatibilityError",
+    "TrainerHooks",
+    "_attribute",
+    "_fail",
+    "_loss_module",
+    "check_reductions",
+    "compiled_losses_replaced",
+    "compute_loss",
+    "divisor",
+    "forward",
+    "functional_init_arguments",
+    "get_keras_mask",
+    "graph_of",
+    "init_functional",
+    "inner_layers",
+    "is_remote_path",
+    "learning_rate_slot",
+    "loss_divisor",
+    "loss_tracker",
+    "num_workers_of",
+    "override_batch_norm_moments",
+    "per_output_loss_metrics",
+    "print_msg",
+    "register_alias",
+    "restore_batch_norm",
+    "set_initial_epoch",
+    "set_keras_mask",
+    "warn_once",
+]

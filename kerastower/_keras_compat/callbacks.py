@@ -1,0 +1,93 @@
+"""Keras callback, optimizer and strategy internals used by kerastower."""
+
+from __future__ import annotations
+
+import inspect
+
+import keras
+import tensorflow as tf
+
+from kerastower._keras_compat.errors import _attribute, _fail
+
+
+def _import_utils():
+    try:
+        from keras.src.utils import file_utils, io_utils
+    except ImportError as error:  # pragma: no cover - depends on Keras
+        raise _fail("keras.src.utils.file_utils", "cannot be imported") from error
+    for module, name in ((file_utils, "is_remote_path"), (io_utils, "print_msg")):
+        if not callable(getattr(module, name, None)):  # pragma: no cover
+            raise _fail(f"{module.__name__}.{name}", "is missing")
+    return file_utils, io_utils
+
+
+_file_utils, _io_utils = _import_utils()
+
+
+def is_remote_path(path) -> bool:
+    """Whether Keras treats `path` as remote (``gs://``, ``hdfs://``, ...)."""
+    return bool(_file_utils.is_remote_path(path))
+
+
+def print_msg(message: str) -> None:
+    """Prints as Keras's callbacks do (to its logger when it has one)."""
+    _io_utils.print_msg(message)
+
+
+def set_initial_epoch(model, epoch: int | None) -> None:
+    """Makes `fit` start at `epoch` when set in ``on_train_begin`` (``None``
+    clears it), as `keras.callbacks.BackupAndRestore` does."""
+    _attribute(model, "_initial_epoch", "Trainer")
+    model._initial_epoch = epoch
+
+
+class CheckpointHooks:
+    """Routes `keras.callbacks.ModelCheckpoint`'s private save hook to
+    ``save_checkpoint(epoch, batch, logs)`` and exposes its helpers."""
+
+    def _save_model(self, epoch, batch, logs):
+        self.save_checkpoint(epoch, batch, logs)
+
+    def checkpoint_path(self, epoch: int, batch: int | None, logs) -> str:
+        """The file the checkpoint of this epoch (and batch) goes to."""
+        return self._get_file_path(epoch, batch, logs)
+
+    def should_save(self, epoch: int, batch: int | None, logs, path: str) -> bool:
+        """Whether Keras's rules (``save_best_only``, ...) save this one."""
+        return self._should_save_model(epoch, batch, logs, path)
+
+
+def _check_checkpoint_hooks() -> None:
+    expected = {
+        "_save_model": ["self", "epoch", "batch", "logs"],
+        "_get_file_path": ["self", "epoch", "batch", "logs"],
+        "_should_save_model": ["self", "epoch", "batch", "logs", "filepath"],
+    }
+    for name, parameters in expected.items():
+        method = getattr(keras.callbacks.ModelCheckpoint, name, None)
+        if not callable(method) or list(inspect.signature(method).parameters) != (
+            parameters
+        ):
+            raise _fail(
+                f"ModelCheckpoint.{name}({', '.join(parameters[1:])})", "changed"
+            )
+
+
+_check_checkpoint_hooks()
+
+
+def num_workers_of(strategy: tf.distribute.Strategy) -> int:
+    """How many workers `strategy` spans (1 for one-machine strategies)."""
+    if not isinstance(strategy, tf.distribute.experimental.MultiWorkerMirroredStrategy):
+        return 1
+    return int(
+        _attribute(strategy.extended, "_num_workers", "CollectiveAllReduceExtended")
+    )
+
+
+def learning_rate_slot(optimizer):
+    """The optimizer's learning rate as it holds it: a variable or a schedule.
+
+    Keras has no public way to tell a schedule from a variable rate.
+    """
+    return _attribute(optimizer, "_learning_rate", "Optimizer")

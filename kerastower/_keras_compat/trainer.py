@@ -1,0 +1,247 @@
+"""Keras trainer, model and layer internals that `TowerModel` hooks into."""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import re
+import warnings
+
+import keras
+import tensorflow as tf
+
+from kerastower._keras_compat.errors import _attribute, _fail
+
+
+def register_alias(alias: type, cls: type) -> None:
+    """Saves instances of `alias` under the name `cls` is registered with.
+
+    Keras looks a class's saved name up by the class itself; a generated
+    subclass would otherwise save under a name nothing loads.
+    """
+    from keras.src.saving import object_registration
+
+    names = getattr(object_registration, "GLOBAL_CUSTOM_NAMES", None)
+    if not isinstance(names, dict):  # pragma: no cover - depends on Keras
+        raise _fail(
+            "keras.src.saving.object_registration.GLOBAL_CUSTOM_NAMES", "is missing"
+        )
+    if cls in names:
+        names[alias] = names[cls]
+
+
+def override_batch_norm_moments(layer, moments) -> None:
+    """Makes a `BatchNormalization` layer compute its batch statistics with
+    ``moments(inputs, reduction_axes, mask)``; undo with `restore_batch_norm`.
+
+    Raises:
+        KerasCompatibilityError: If the layer no longer computes its
+            statistics in ``_moments(inputs, mask)`` over ``_reduction_axes``.
+    """
+    method = getattr(type(layer), "_moments", None)
+    if not callable(method) or list(inspect.signature(method).parameters) != [
+        "self",
+        "inputs",
+        "mask",
+    ]:
+        raise _fail(
+            "BatchNormalization._moments(inputs, mask)", "is missing or changed"
+        )
+    if not hasattr(layer, "_reduction_axes"):
+        raise _fail("BatchNormalization._reduction_axes", "is missing")
+    layer._moments = lambda inputs, mask: moments(inputs, layer._reduction_axes, mask)
+
+
+def restore_batch_norm(layer) -> None:
+    """Undoes `override_batch_norm_moments`."""
+    vars(layer).pop("_moments", None)
+
+
+def _import_functional():
+    try:
+        from keras.src.models.functional import Functional
+        from keras.src.models.model import Trainer, functional_init_arguments
+    except ImportError as error:  # pragma: no cover - depends on Keras
+        raise _fail(
+            "keras.src.models.functional.Functional", "cannot be imported"
+        ) from error
+    return Functional, Trainer, functional_init_arguments
+
+
+Functional, _Trainer, functional_init_arguments = _import_functional()
+
+
+def init_functional(model, args, kwargs) -> None:
+    """Runs Keras's initialisers of a functional model on `model`.
+
+    A class deriving from both `TowerModel` and `Functional` must run
+    `Trainer.__init__` before `Functional.__init__`, as `keras.Model` does
+    for the classes it builds.
+    """
+    _Trainer.__init__(model)
+    Functional.__init__(model, *args, **kwargs)
+
+
+def graph_of(model):
+    """The functional graph behind a functional or `Sequential` model."""
+    return getattr(model, "_functional", None) or model
+
+
+def compute_loss(model, x, y, y_pred, sample_weight, training: bool):
+    """`model.compute_loss`, also for overrides without a `training` argument."""
+    return _attribute(model, "_compute_loss", "Trainer")(
+        x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=training
+    )
+
+
+def forward(model, x, training: bool):
+    """Calls `model` on `x`, passing `training` when its `call` takes it."""
+    if _attribute(model, "_call_has_training_arg", "Layer"):
+        return model(x, training=training)
+    return model(x)
+
+
+def loss_tracker(model):
+    """The `Mean` metric behind the ``loss`` Keras reports."""
+    return _attribute(model, "_loss_tracker", "Trainer")
+
+
+def inner_layers(model):
+    """Every layer inside `model`, nested models and layers included."""
+    return _attribute(model, "_flatten_layers", "Layer")(include_self=False)
+
+
+@contextlib.contextmanager
+def compiled_losses_replaced(model, wrap, metric_stand_in):
+    """Replaces each compiled loss ``l`` by ``wrap(l)`` and each per-output loss
+    metric by ``metric_stand_in()`` while open.
+
+    Yields:
+        ``(loss_weights, has_metrics)``: the compiled losses' weights (1.0
+        where none was given), in the order Keras computes them, and whether
+        Keras keeps per-output loss metrics (models with several outputs).
+
+    Raises:
+        KerasCompatibilityError: If Keras no longer keeps its compiled losses
+            and their metrics where this expects them.
+    """
+    compile_loss = _attribute(model, "_compile_loss", "Trainer")
+    if compile_loss is None:
+        yield [], False
+        return
+    entries = _attribute(compile_loss, "_flat_losses", "CompileLoss")
+    metrics = _attribute(compile_loss, "_metrics", "CompileLoss")
+    entries, metrics = list(entries or []), list(metrics or [])
+    for entry in entries:
+        if not {"loss", "loss_weights"} <= set(getattr(entry, "_fields", ())):
+            raise _fail(
+                "CompileLoss._flat_losses entries (loss, loss_weights)", "changed"
+            )
+    # Unbuilt (a model that could not be built before its first step): Keras
+    # builds the losses as it traces, unwrapped, which is left alone.
+    if entries:
+        compile_loss._flat_losses = [e._replace(loss=wrap(e.loss)) for e in entries]
+    if metrics:
+        compile_loss._metrics = [metric_stand_in() for _ in metrics]
+    try:
+        yield (
+            [1.0 if e.loss_weights is None else e.loss_weights for e in entries],
+            bool(metrics),
+        )
+    finally:
+        if entries:
+            compile_loss._flat_losses = entries
+        if metrics:
+            compile_loss._metrics = metrics
+
+
+def per_output_loss_metrics(model) -> list:
+    """Keras's per-output loss metrics (empty for one output)."""
+    compile_loss = _attribute(model, "_compile_loss", "Trainer")
+    if compile_loss is None:
+        return []
+    return list(_attribute(compile_loss, "_metrics", "CompileLoss") or [])
+
+
+def warn_once(caught, shown: frozenset = frozenset()) -> frozenset:
+    """Re-raises recorded warnings, each distinct one once, except `shown`.
+
+    Towers trace the model once each; TensorFlow prefixes names with the
+    tower (``replica_1/...``), which is ignored when comparing. Returns the
+    keys of the warnings shown, for a later call's `shown`.
+    """
+    seen = set(shown)
+    for record in caught:
+        text = re.sub(r"replica_\d+/", "", str(record.message))
+        key = (record.category, text, record.filename, record.lineno)
+        if key not in seen:
+            seen.add(key)
+            warnings.warn_explicit(
+                record.message, record.category, record.filename, record.lineno
+            )
+    return frozenset(seen)
+
+
+def _first_batch(iterator):
+    """The first batch of a Keras epoch iterator, as Keras's build takes it."""
+    for _, _, data_or_iterator in iterator:
+        if isinstance(data_or_iterator, (list, tuple)):
+            return data_or_iterator[0]
+        return next(data_or_iterator)
+    raise StopIteration
+
+
+class TrainerHooks:
+    """Overrides of private `keras.Model` trainer hooks for `TowerModel`.
+
+    The decisions stay with the model: ``_splits_steps()`` says whether its
+    steps run on several towers or workers.
+    """
+
+    def _resolve_auto_jit_compile(self):
+        if self.num_towers > 1:
+            return False  # as Keras does under tf.distribute
+        return super()._resolve_auto_jit_compile()
+
+    def _maybe_symbolic_build(self, iterator=None, data_batch=None):
+        if self._distribute_strategy is not None or not self._builds_before_towers():
+            return super()._maybe_symbolic_build(iterator, data_batch)
+        # Keras defers building loss and metric state to the first trace,
+        # which for towers would happen inside the tower strategy. The build
+        # calls the model once more than one device does: the step's trace
+        # does not repeat the warnings shown here (`warn_once`).
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            try:
+                if data_batch is None:
+                    data_batch = _first_batch(iterator)
+                # Keras's step turns optional inputs (`None` from a generator)
+                # back into `None`; the build must see them so too.
+                data_batch = tf.nest.map_structure(
+                    lambda t: None if isinstance(t, tf.experimental.Optional) else t,
+                    data_batch,
+                )
+                self._symbolic_build(data_batch=data_batch)
+            except StopIteration:
+                pass  # no data: Keras warns that the input ran out, as one device
+            except RuntimeError:
+                # "Unable to automatically build": a model with its own
+                # `train_step` and no `call` (a GAN, a VAE) builds in its step.
+                if type(self).train_step is self._tower_train_step:
+                    raise
+        self._shown_warnings = warn_once(caught)
+
+
+def _check_trainer_hooks() -> None:
+    for hook in (
+        "_maybe_symbolic_build",
+        "_symbolic_build",
+        "_resolve_auto_jit_compile",
+        "_compute_loss",
+        "_flatten_layers",
+    ):
+        if not callable(getattr(keras.Model, hook, None)):  # pragma: no cover
+            raise _fail(f"keras.Model.{hook}", "is missing")
+
+
+_check_trainer_hooks()

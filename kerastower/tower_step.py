@@ -1,0 +1,393 @@
+"""How one training, evaluation or prediction step runs on towers.
+
+A step, top to bottom (`TowerStep.train`):
+
+1. The global batch of ``B`` examples is cut into contiguous shards, one per
+   tower (`kerastower.splitting`); a batch smaller than the number of towers
+   runs whole on the first tower instead (`TowerStep.split_run`).
+2. Each tower runs the forward pass and its loss on its shard inside
+   `tf.distribute.Strategy.run`, weighted so that the towers add up to the
+   one-device loss (`kerastower.loss_weighting`), with
+   `BatchNormalization` statistics of the global batch
+   (`kerastower.batch_norm`), and takes its gradients.
+3. The towers' gradients are summed into the one-device gradient
+   (`kerastower.sharding.sum_gradients`), summed over workers when there are
+   several, and applied once by the model's own optimizer (or accumulated by
+   `kerastower.callbacks.GradientAccumulation`).
+4. The loss tracker and compiled metrics are updated once, on the whole
+   batch's predictions.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import warnings
+from typing import NamedTuple
+
+import keras
+import tensorflow as tf
+
+from kerastower import _keras_compat, multi_worker
+from kerastower.batch_norm import global_moments
+from kerastower.loss_weighting import TowerLoss, weigh_compiled_losses
+from kerastower.sharding import (
+    concat_nest,
+    first_leaf,
+    local_results,
+    masks_of,
+    split_nest,
+    sum_gradients,
+    with_masks,
+)
+from kerastower.splitting import tensor_split_sizes
+
+
+class _IgnoredMetric:
+    """Stands in for Keras's per-output loss metrics inside the towers.
+
+    They are updated once, with the global values, after the towers ran.
+    """
+
+    def update_state(self, value, sample_weight=None):
+        del value, sample_weight
+
+
+class TowerLosses(NamedTuple):
+    """What a tower needs to weight its loss (see `kerastower.loss_weighting`).
+
+    Attributes:
+        records: Each tower's compiled-loss records, keyed by its replica
+            context (filled by `TowerLoss`).
+        loss_weights: The compiled losses' ``loss_weights``, in order.
+        global_batch: ``B``, the step's examples on all towers and workers.
+        per_output_metrics: Whether Keras keeps per-output loss metrics.
+    """
+
+    records: dict
+    loss_weights: list
+    global_batch: tf.Tensor
+    per_output_metrics: bool
+
+
+class TowerStep:
+    """Runs the steps of one `TowerModel` on its towers.
+
+    Args:
+        model: The `kerastower.TowerModel`.
+    """
+
+    def __init__(self, model):
+        self.model = model
+
+    # -- one step ---------------------------------------------------------
+
+    def train(self, data) -> dict:
+        """One training step on the global batch `data`; returns the logs."""
+        model = self.model
+        x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
+        trainable = model.trainable_weights
+        batch_size = tf.shape(first_leaf(x))[0]
+        if model.num_towers == 1 and model.num_workers == 1:
+            with tf.device(model.tower_devices[0]):
+                gradients, loss, y_pred = self.one_device_gradients(
+                    x, y, sample_weight, trainable
+                )
+            global_batch_size = batch_size
+        else:
+            gradients, loss, y_pred, global_batch_size = self.tower_gradients(
+                x, y, sample_weight, trainable
+            )
+        if model.num_workers > 1:
+            connected = [j for j, g in enumerate(gradients) if g is not None]
+            summed = self.sum_over_workers(
+                [loss] + [tf.convert_to_tensor(gradients[j]) for j in connected]
+            )
+            loss = summed[0]
+            for j, grad in zip(connected, summed[1:]):
+                gradients[j] = grad
+        accumulator = model._gradient_accumulator
+        if not trainable:
+            warnings.warn(
+                "The model does not have any trainable weights.", stacklevel=2
+            )
+        elif accumulator is not None:
+            # Micro-batches weigh by their examples on all workers together.
+            accumulator.accumulate(gradients, global_batch_size, model.optimizer)
+        else:
+            model.optimizer.apply_gradients(zip(gradients, trainable))
+
+        def update_metrics():
+            _keras_compat.loss_tracker(model).update_state(
+                loss, sample_weight=batch_size
+            )
+            return model.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
+
+        return self.metric_results_over_workers(update_metrics)
+
+    def test(self, data) -> dict:
+        """One evaluation step on the global batch `data`; returns the logs."""
+        model = self.model
+        x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
+
+        def tower_fn(shard, weight, losses):
+            tx, ty, tsw = shard
+            y_pred = _keras_compat.forward(model, tx, training=False)
+            loss, per_output = self.tower_loss(
+                tx, ty, y_pred, tsw, weight, losses, training=False
+            )
+            return (), loss, y_pred, per_output, masks_of(y_pred)
+
+        (loss, y_pred, per_output, masks), _ = self.split_run(
+            tower_fn, self.combine_losses, (x, y, sample_weight)
+        )
+        y_pred = with_masks(y_pred, masks)
+        loss = self.sum_over_workers(loss)
+        self.update_loss_metrics(per_output, y_pred)
+
+        def update_metrics():
+            _keras_compat.loss_tracker(model).update_state(
+                loss, sample_weight=tf.shape(first_leaf(x))[0]
+            )
+            return model.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
+
+        return self.metric_results_over_workers(update_metrics)
+
+    def predict(self, data):
+        """Predictions for the global batch `data`, in input order."""
+        x, _, _ = keras.utils.unpack_x_y_sample_weight(data)
+
+        def tower_fn(shard, weight, losses):
+            return _keras_compat.forward(self.model, shard, training=False)
+
+        y_pred, _ = self.split_run(tower_fn, concat_nest, x, across_workers=False)
+        return y_pred
+
+    # -- gradients ----------------------------------------------------------
+
+    def one_device_gradients(self, x, y, sample_weight, trainable):
+        """Keras's own step on one device (for gradient accumulation)."""
+        model = self.model
+        with tf.GradientTape() as tape:
+            y_pred = _keras_compat.forward(model, x, training=True)
+            loss = _keras_compat.compute_loss(
+                model, x, y, y_pred, sample_weight, training=True
+            )
+            scaled = model.optimizer.scale_loss(loss)
+        return tape.gradient(scaled, trainable), loss, y_pred
+
+    def tower_gradients(self, x, y, sample_weight, trainable):
+        """The one-device gradients, loss and predictions, from the towers."""
+        model = self.model
+        connected: list[int] = []
+
+        def tower_fn(shard, weight, losses):
+            tx, ty, tsw = shard
+            with tf.GradientTape() as tape:
+                y_pred = _keras_compat.forward(model, tx, training=True)
+                loss, per_output = self.tower_loss(
+                    tx, ty, y_pred, tsw, weight, losses, training=True
+                )
+                scaled = model.optimizer.scale_loss(loss)
+            grads = tape.gradient(scaled, trainable)
+            connected[:] = [j for j, g in enumerate(grads) if g is not None]
+            return (
+                [grads[j] for j in connected],
+                loss,
+                y_pred,
+                per_output,
+                masks_of(y_pred),
+            )
+
+        def combine(per_tower):
+            loss, y_pred, per_output, masks = self.combine_losses(per_tower)
+            grads = [
+                sum_gradients([t[0][k] for t in per_tower])
+                for k in range(len(connected))
+            ]
+            return grads, loss, y_pred, per_output, masks
+
+        (grads, loss, y_pred, per_output, masks), total = self.split_run(
+            tower_fn, combine, (x, y, sample_weight)
+        )
+        y_pred = with_masks(y_pred, masks)
+        self.update_loss_metrics(per_output, y_pred)
+        gradients = [None] * len(trainable)
+        for k, j in enumerate(connected):
+            gradients[j] = grads[k]
+        return gradients, loss, y_pred, total
+
+    # -- running the towers ------------------------------------------------
+
+    def split_run(self, tower_fn, combine, data, across_workers: bool = True):
+        """Runs `tower_fn(shard, weight, losses)` per tower and combines.
+
+        `combine` turns the list of per-tower outputs into the step's result.
+        Returns that result and the global batch size ``B``, as float32.
+
+        Each tower's weight is its share ``n_i / B`` of the global batch: of all
+        workers' batches when `across_workers`, else of this worker's (for
+        `predict`, which needs no weight and must not wait for the other
+        workers). A batch smaller than the number of towers would leave towers
+        without an example, which some TensorFlow kernels mishandle (oneDNN
+        convolutions return a wrongly shaped empty tensor), so it runs whole on
+        the first tower instead, exactly as on one device.
+        """
+        model = self.model
+        batch = tf.shape(first_leaf(data))[0]
+        total = (
+            self.sum_over_workers(tf.cast(batch, tf.float32))
+            if across_workers
+            else tf.cast(batch, tf.float32)
+        )
+
+        def on_towers():
+            return combine(self.run_towers(tower_fn, data, batch, total))
+
+        one_tower_warnings: list = []
+
+        def on_one_tower():
+            weight = tf.cast(batch, tf.float32) / total
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                with self.tower_context(total, sync_batch_norm=False) as losses:
+                    with tf.device(model.tower_devices[0]):
+                        result = combine([tower_fn(data, weight, losses)])
+            one_tower_warnings.append(caught)
+            return result
+
+        # Each tower traces the model, and so does the one-tower branch: a
+        # warning raised by a layer would show once per tower. The one-tower
+        # branch traces exactly as one device does: show its warnings, or,
+        # where only the towers ran (eager), each distinct one once.
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            result = tf.cond(batch >= model.num_towers, on_towers, on_one_tower)
+        _keras_compat.warn_once(
+            one_tower_warnings[0] if one_tower_warnings else caught,
+            getattr(model, "_shown_warnings", frozenset()),
+        )
+        return result, total
+
+    def run_towers(self, tower_fn, data, batch, total):
+        """Splits `data` into shards and runs `tower_fn` on every tower."""
+        towers = self.model.num_towers
+        # Hide the sizes from shape inference, so that a tower's static batch
+        # size is unknown whatever the global batch (see `sum_gradients`).
+        sizes = tf.compat.v1.placeholder_with_default(
+            tensor_split_sizes(batch, towers), [towers]
+        )
+        weights = tf.cast(sizes, tf.float32) / total
+        shards = split_nest(data, sizes, towers)
+        strategy = self.model.tower_strategy
+        inputs = strategy.experimental_distribute_values_from_function(
+            lambda ctx: (
+                shards[ctx.replica_id_in_sync_group],
+                weights[ctx.replica_id_in_sync_group],
+            )
+        )
+        with self.tower_context(total, sync_batch_norm=True) as losses:
+            outputs = strategy.run(
+                lambda args: tower_fn(args[0], args[1], losses), args=(inputs,)
+            )
+        return local_results(strategy, outputs)
+
+    @contextlib.contextmanager
+    def tower_context(self, global_batch: tf.Tensor, sync_batch_norm: bool):
+        """Weights compiled losses per tower while the towers trace.
+
+        Keras's compiled losses are wrapped in
+        `kerastower.loss_weighting.TowerLoss`, which records each tower's
+        values for `tower_loss`; Keras's per-output loss metrics ignore
+        updates (`update_loss_metrics` updates them once, with the global
+        values); and, with `sync_batch_norm` (and the model's
+        ``sync_batch_norm``), `BatchNormalization` layers use statistics of
+        all towers. Yields the `TowerLosses` the towers weight their loss by.
+        """
+        patched = []
+        if sync_batch_norm and self.model.sync_batch_norm:
+            for layer in _keras_compat.inner_layers(self.model):
+                if isinstance(layer, keras.layers.BatchNormalization):
+                    _keras_compat.override_batch_norm_moments(layer, global_moments)
+                    patched.append(layer)
+        records: dict = {}
+        try:
+            with _keras_compat.compiled_losses_replaced(
+                self.model, lambda loss: TowerLoss(loss, records), _IgnoredMetric
+            ) as (loss_weights, has_metrics):
+                yield TowerLosses(records, loss_weights, global_batch, has_metrics)
+        finally:
+            for layer in patched:
+                _keras_compat.restore_batch_norm(layer)
+
+    def tower_loss(self, x, y, y_pred, sample_weight, weight, losses, training):
+        """This tower's weighted share of the step's loss and of each output's.
+
+        See `kerastower.loss_weighting` for the rule.
+        """
+        loss = _keras_compat.compute_loss(
+            self.model, x, y, y_pred, sample_weight, training=training
+        )
+        records = losses.records.pop(tf.distribute.get_replica_context(), [])
+        factors = weigh_compiled_losses(records, losses.global_batch)
+        per_output = []
+        for (value, _, _), factor, loss_weight in zip(
+            records, factors, losses.loss_weights
+        ):
+            value = tf.cast(value, loss.dtype)
+            factor = tf.cast(factor, loss.dtype)
+            # Keras added value * loss_weight; make it value * loss_weight *
+            # factor. A non-finite value already makes the loss non-finite,
+            # as on one device; correcting it would turn inf into NaN.
+            correction = (factor - 1.0) * tf.cast(loss_weight, loss.dtype) * value
+            finite = tf.math.is_finite(value)
+            loss = loss + tf.where(finite, correction, tf.zeros_like(correction))
+            per_output.append(value * factor)
+        weight = tf.cast(weight, loss.dtype)
+        if not losses.per_output_metrics:
+            per_output = []
+        return loss * weight, [v * weight for v in per_output]
+
+    @staticmethod
+    def combine_losses(per_tower):
+        """Adds up the towers' weighted losses and per-output losses."""
+        loss = tf.add_n([t[1] for t in per_tower])
+        per_output = [tf.add_n(list(v)) for v in zip(*[t[3] for t in per_tower])]
+        y_pred = concat_nest([with_masks(t[2], t[4]) for t in per_tower])
+        return loss, y_pred, per_output, masks_of(y_pred)
+
+    def update_loss_metrics(self, per_output, y_pred):
+        """Updates Keras's per-output loss metrics once, with global values."""
+        batch_dim = first_leaf(y_pred).shape[0]
+        metrics = _keras_compat.per_output_loss_metrics(self.model)
+        for metric, value in zip(metrics, self.sum_over_workers(per_output)):
+            metric.update_state(value, sample_weight=batch_dim)
+
+    # -- workers ------------------------------------------------------------
+
+    def sum_over_workers(self, values):
+        """Sums a nest of tensors over the workers (identity on one)."""
+        model = self.model
+        if model.num_workers == 1:
+            return values
+        return multi_worker.all_reduce_sum(model._worker_strategy, values)
+
+    def metric_results_over_workers(self, update_metrics):
+        """Runs `update_metrics` and makes every metric count all workers.
+
+        Keras metrics keep additive state (totals and counts), so summing each
+        worker's change of state gives the state of one metric fed every
+        worker's examples.
+        """
+        model = self.model
+        if model.num_workers == 1:
+            return update_metrics()
+        variables = [v for m in model.metrics for v in m.variables]
+        before = [tf.identity(v) for v in variables]
+        with tf.control_dependencies(before):
+            update_metrics()
+        deltas = [v - b for v, b in zip(variables, before)]
+        for variable, old, delta in zip(
+            variables, before, self.sum_over_workers(deltas)
+        ):
+            variable.assign(old + delta)
+        return model.get_metrics_result()

@@ -1,0 +1,52 @@
+"""The private Keras hooks fail loudly when Keras changes them (issue 14).
+
+Each test removes or changes one hook in a monkeypatched Keras and expects
+`KerasCompatibilityError` naming it, never a model trained another way.
+"""
+
+import keras
+import pytest
+from oracle import mlp, regression_data
+
+import kerastower
+from kerastower import _keras_compat
+
+X, Y = regression_data(n=12)
+
+
+def compiled(loss="mse"):
+    model = kerastower.TowerModel.from_model(mlp(), towers=2)
+    model.compile(optimizer="sgd", loss=loss)
+    return model
+
+
+def test_renamed_compiled_losses_are_an_error():
+    model = compiled()
+    model.fit(X, Y, batch_size=6, verbose=0)  # builds the compiled losses
+    del model._compile_loss._flat_losses  # as if Keras had renamed it
+    model.make_train_function(force=True)
+    with pytest.raises(_keras_compat.KerasCompatibilityError, match="_flat_losses"):
+        model.fit(X, Y, batch_size=6, verbose=0)
+
+
+def test_changed_batch_norm_hook_is_an_error(monkeypatch):
+    bn = keras.layers.BatchNormalization
+
+    def moments(self, inputs, mask, extra=None):  # a new signature
+        raise AssertionError("never called")
+
+    monkeypatch.setattr(bn, "_moments", moments)
+    inputs = keras.Input((5,))
+    outputs = keras.layers.Dense(1)(bn()(inputs))
+    model = kerastower.TowerModel(inputs, outputs, towers=2)
+    model.compile(optimizer="sgd", loss="mse")
+    with pytest.raises(_keras_compat.KerasCompatibilityError, match="_moments"):
+        model.fit(X, Y, batch_size=6, verbose=0)
+
+
+def test_the_error_names_the_hook_and_the_versions():
+    error = _keras_compat._fail("keras.Model._compute_loss", "is missing")
+    text = str(error)
+    assert "keras.Model._compute_loss" in text
+    assert keras.__version__ in text
+    assert _keras_compat.SUPPORTED_KERAS in text

@@ -7,7 +7,7 @@ quiet_start()
 
 from importlib.metadata import PackageNotFoundError, version
 
-from kerastower import callbacks, cluster, multi_worker
+from kerastower import callbacks, cluster, devices, multi_worker
 from kerastower.cluster import is_chief, is_multi_worker, num_workers, worker_index
 from kerastower.data import batch_for_towers
 from kerastower.devices import available_devices, configure_logical_devices
@@ -16,6 +16,11 @@ from kerastower.multi_worker import worker_strategy
 from kerastower.scaling import global_batch_size
 from kerastower.splitting import split_sizes
 from kerastower.strategy import TowerStrategy
+
+# Before any TensorFlow work of the program: logical CPUs asked for by
+# `kerastower launch --towers`, and the cluster named by TF_CONFIG.
+devices.configure_from_environment()
+multi_worker.prepare_workers()
 
 try:
     __version__ = version("kerastower")

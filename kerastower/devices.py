@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 
 import tensorflow as tf
@@ -77,6 +78,39 @@ def configure_logical_devices(n: int, device_type: str = "CPU") -> list[str]:
     # Listing logical devices would start the runtime, which must stay
     # unstarted for `MultiWorkerMirroredStrategy` to set up its cluster.
     return [f"/device:{device_type}:{i}" for i in range(n)]
+
+
+LOGICAL_DEVICES_VARIABLE = "KERASTOWER_LOGICAL_DEVICES"
+
+
+def configure_from_environment() -> list[str] | None:
+    """Configures ``$KERASTOWER_LOGICAL_DEVICES`` logical CPUs, when set.
+
+    ``kerastower launch --towers k`` sets the variable for each worker it
+    starts, so that a script written for one machine gets ``k`` towers on a
+    machine without a GPU. kerastower calls this when it is imported. On a
+    machine with GPUs the variable is ignored: the towers are the GPUs.
+
+    Returns:
+        The logical CPU names it configured, or ``None`` when the variable is
+        unset or there is a GPU.
+
+    Raises:
+        ValueError: If the variable is not an integer of at least 1.
+    """
+    text = os.environ.get(LOGICAL_DEVICES_VARIABLE, "").strip()
+    if not text or tf.config.list_physical_devices("GPU"):
+        return None
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise ValueError(
+            f"`{LOGICAL_DEVICES_VARIABLE}` must be an integer >= 1. "
+            f"Received: {LOGICAL_DEVICES_VARIABLE}={text!r}"
+        )
+    return configure_logical_devices(n)
 
 
 def available_devices() -> list[str]:

@@ -6,8 +6,10 @@ Across workers it uses the collective all-reduce of a
 engine: the global batch size, the gradients and the metric updates are summed
 over workers, so every worker applies the same update to the same weights.
 
-Most programs need only `worker_strategy` (also `kerastower.worker_strategy`),
-called first on every worker; `TowerModel` uses the rest by itself. See the
+TensorFlow sets the cluster up at start-up only, so when `TF_CONFIG` names
+several workers, importing kerastower prepares it (`prepare_workers`): the
+script may then build its layers, models and data in any order, and the
+strategy is made with the first `TowerModel` (or `worker_strategy`). See the
 guide to several machines.
 """
 
@@ -24,16 +26,45 @@ DEFAULT_TIMEOUT_SECONDS = 600.0
 _STRATEGY: tf.distribute.Strategy | None = None
 
 
+def prepare_workers() -> bool:
+    """Prepares this process to be a cluster worker, when `TF_CONFIG` says so.
+
+    kerastower calls it when it is imported (after
+    `devices.configure_from_environment`). Under a `TF_CONFIG` naming two or
+    more training workers, it configures TensorFlow's collective ops the way
+    `MultiWorkerMirroredStrategy` will, so that the runtime, whenever the
+    script first starts it (a layer, a tensor, a data set), starts as this
+    cluster worker. It changes nothing else and does not connect yet; the
+    ``kerastower`` command line is never prepared.
+
+    Returns:
+        Whether the process was prepared.
+
+    A malformed `TF_CONFIG` is left for `worker_strategy` to report.
+    """
+    from kerastower import cli
+
+    try:
+        config = cluster.tf_config()
+    except ValueError:
+        return False
+    if cluster.num_workers_of(config) < 2 or cli.started_as_command():
+        return False
+    if config["task"]["type"] not in cluster.TRAINING_TASK_TYPES:
+        return False
+    return _keras_compat.prepare_collective_ops()
+
+
 def worker_strategy(
     timeout_seconds: float | None = None,
 ) -> tf.distribute.MultiWorkerMirroredStrategy:
     """Returns this process's `MultiWorkerMirroredStrategy`, made once.
 
-    Call it early, after `configure_logical_devices` and before building the
-    model, on every worker: TensorFlow sets up the cluster (from `TF_CONFIG`)
-    when the strategy is made. `TowerModel` calls it itself when `TF_CONFIG`
-    names two or more workers. Only the first call's `timeout_seconds` is
-    used.
+    `TowerModel` calls it itself when `TF_CONFIG` names two or more workers;
+    call it yourself to choose `timeout_seconds` (only the first call's is
+    used) or to use the strategy directly. It may come before or after the
+    model is built, provided kerastower was imported before TensorFlow started
+    its runtime (see `prepare_workers`).
 
     Example:
 
@@ -41,7 +72,7 @@ def worker_strategy(
     import kerastower
 
     kerastower.configure_logical_devices(2)  # without GPUs: 2 towers per worker
-    strategy = kerastower.worker_strategy(timeout_seconds=300)  # before any model
+    strategy = kerastower.worker_strategy(timeout_seconds=300)
     print(kerastower.num_workers())  # from TF_CONFIG; 1 without it
     ```
 
@@ -56,6 +87,8 @@ def worker_strategy(
     Raises:
         ValueError: If `timeout_seconds` is not positive or `TF_CONFIG` is
             malformed.
+        RuntimeError: If TensorFlow started its runtime before kerastower was
+            imported, so the cluster can no longer be set up.
     """
     global _STRATEGY
     if timeout_seconds is not None and not timeout_seconds > 0:
@@ -69,16 +102,20 @@ def worker_strategy(
             timeout_seconds=timeout_seconds or DEFAULT_TIMEOUT_SECONDS
         )
         try:
-            _STRATEGY = tf.distribute.MultiWorkerMirroredStrategy(
-                communication_options=options
-            )
+            with _keras_compat.strategy_made_after_start():
+                strategy = tf.distribute.MultiWorkerMirroredStrategy(
+                    communication_options=options
+                )
         except RuntimeError as error:
             raise RuntimeError(
                 "TF_CONFIG names several workers, but TensorFlow started its "
-                "runtime before the multi-worker strategy was made. Call "
-                "`kerastower.worker_strategy()` first in the program, before "
-                "building any model or running any TensorFlow operation."
+                "runtime before kerastower was imported, so the cluster can no "
+                "longer be set up. Move `import kerastower` above the first "
+                "layer, model, tensor or data set of the program (importing "
+                "keras or tensorflow before it is fine)."
             ) from error
+        _keras_compat.check_prepared()
+        _STRATEGY = strategy
     return _STRATEGY
 
 

@@ -2,13 +2,15 @@
 
 Public Keras API is used wherever one exists. What has none (a loss's
 per-element values and mask, Keras's masking of sample weights) is reached
-here and nowhere else, and each hook is checked once against the installed
-Keras: when Keras changes one, the user gets an error that names the hook and
-the Keras version, never a silently different model.
+here and nowhere else (so is TensorFlow's collective-ops start-up), and each
+hook is checked once against the installed Keras: when Keras changes one, the
+user gets an error that names the hook and the Keras version, never a silently
+different model.
 
 The package is that one place: `errors` (the error and the supported
 range), `losses` (loss reduction and masks), `trainer` (model and trainer
-hooks) and `callbacks` (callbacks, optimizers, strategies).
+hooks), `callbacks` (callbacks, optimizers, strategies) and `collectives`
+(TensorFlow's multi-worker start-up).
 """
 
 from kerastower._keras_compat.callbacks import (
@@ -18,6 +20,12 @@ from kerastower._keras_compat.callbacks import (
     num_workers_of,
     print_msg,
     set_initial_epoch,
+)
+from kerastower._keras_compat.collectives import (
+    check_prepared,
+    prepare_collective_ops,
+    runtime_started,
+    strategy_made_after_start,
 )
 from kerastower._keras_compat.errors import (
     SUPPORTED_KERAS,
@@ -62,6 +70,7 @@ __all__ = [
     "_attribute",
     "_fail",
     "_loss_module",
+    "check_prepared",
     "check_reductions",
     "compiled_losses_replaced",
     "compute_loss",
@@ -79,10 +88,13 @@ __all__ = [
     "num_workers_of",
     "override_batch_norm_moments",
     "per_output_loss_metrics",
+    "prepare_collective_ops",
     "print_msg",
     "register_alias",
     "restore_batch_norm",
+    "runtime_started",
     "set_initial_epoch",
     "set_keras_mask",
+    "strategy_made_after_start",
     "warn_once",
 ]

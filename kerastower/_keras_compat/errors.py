@@ -5,6 +5,7 @@ from __future__ import annotations
 import keras
 
 SUPPORTED_KERAS = ">=3.15,<4"
+SUPPORTED_TENSORFLOW = ">=2.16.2"
 
 _MISSING = object()
 
@@ -21,8 +22,18 @@ def _fail(hook: str, detail: str) -> KerasCompatibilityError:
     )
 
 
-def _attribute(obj, name: str, owner: str):
+def _fail_tensorflow(hook: str, detail: str) -> KerasCompatibilityError:
+    import tensorflow as tf
+
+    return KerasCompatibilityError(
+        f"kerastower needs the TensorFlow hook `{hook}`, which {detail} in the "
+        f"installed TensorFlow {tf.__version__}; kerastower supports TensorFlow "
+        f"{SUPPORTED_TENSORFLOW}. Install a supported TensorFlow, or report this."
+    )
+
+
+def _attribute(obj, name: str, owner: str, fail=_fail):
     value = getattr(obj, name, _MISSING)
     if value is _MISSING:
-        raise _fail(f"{owner}.{name}", "is missing")
+        raise fail(f"{owner}.{name}", "is missing")
     return value

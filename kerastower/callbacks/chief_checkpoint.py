@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import math
 import os
-import re
 import shutil
-import string
 import tempfile
 import uuid
 import warnings
@@ -14,172 +12,16 @@ import warnings
 import keras
 
 from kerastower import _keras_compat, cluster
-
-TEMP_PREFIX = ".kerastower-tmp-"
-"""Names of the chief's in-progress files start with this; they never match."""
-
-_COUNTERS = ("epoch", "batch")
-
-
-def _name_regex(filepath: str) -> re.Pattern:
-    """A regex for the file names `filepath` formats to, with `epoch`/`batch`."""
-    if "{" in os.path.dirname(filepath):
-        raise ValueError(
-            "Finding checkpoints needs the `{...}` fields of `filepath` in the "
-            f"file name, not in the directory. Received: filepath={filepath}"
-        )
-    parts = []
-    try:
-        fields = list(string.Formatter().parse(os.path.basename(filepath)))
-    except ValueError as error:
-        raise ValueError(
-            f"`filepath` is not a valid format string ({error}). "
-            f"Received: filepath={filepath}"
-        ) from None
-    for literal, field, _, _ in fields:
-        parts.append(re.escape(literal))
-        if field is None:
-            continue
-        if field in _COUNTERS and f"(?P<{field}>" not in "".join(parts):
-            parts.append(rf"\s*(?P<{field}>\d+)")
-        elif field in _COUNTERS:
-            parts.append(r"\s*\d+")
-        else:
-            parts.append(r".+?")
-    return re.compile("^" + "".join(parts) + "$")
-
-
-def _static_dir(filepath: str) -> str:
-    """The longest directory of `filepath` that has no `{...}` field."""
-    kept = []
-    for part in os.path.dirname(filepath).split(os.sep):
-        if "{" in part:
-            break
-        kept.append(part)
-    return os.sep.join(kept) or os.curdir
-
-
-def latest_checkpoint(filepath: str) -> str | None:
-    """Returns the latest checkpoint that a checkpoint callback wrote to `filepath`.
-
-    Among the files whose names match `filepath` (a `ModelCheckpoint` pattern
-    such as ``"ckpt/{epoch:03d}-{val_loss:.3f}.keras"``), the latest is the one
-    with the largest ``{epoch}``, then ``{batch}``; files that tie on both (or
-    patterns without them) are ordered by modification time, then by name.
-    The chief's unfinished temporary files are never returned.
-
-    Example:
-
-    ```python
-    import keras
-
-    import kerastower
-
-    filepath = "ckpt/{epoch:03d}.keras"
-    path = kerastower.callbacks.latest_checkpoint(filepath)  # None if none yet
-    if path is not None:
-        model = keras.models.load_model(path)  # with its optimizer state
-        initial_epoch = kerastower.callbacks.checkpoint_epoch(path, filepath)
-        print(f"resume from {path}: fit(..., initial_epoch={initial_epoch})")
-    ```
-
-    Args:
-        filepath: The callback's `filepath` pattern. Its `{...}` fields must
-            all be in the file name, not in the directory.
-
-    Returns:
-        The path of the latest checkpoint, or ``None`` if there is none.
-
-    Raises:
-        ValueError: If `filepath` has fields in its directory part or is not
-            a valid format string.
-    """
-    filepath = os.fspath(filepath)
-    regex = _name_regex(filepath)
-    directory = os.path.dirname(filepath) or os.curdir
-    if not os.path.isdir(directory):
-        return None
-    best_key, best_path = None, None
-    for name in os.listdir(directory):
-        match = regex.match(name)
-        if name.startswith(TEMP_PREFIX) or match is None:
-            continue
-        path = os.path.join(directory, name)
-        if not os.path.isfile(path):
-            continue
-        counters = match.groupdict()
-        key = (
-            int(counters.get("epoch") or -1),
-            int(counters.get("batch") or -1),
-            os.path.getmtime(path),
-            name,
-        )
-        if best_key is None or key > best_key:
-            best_key, best_path = key, path
-    return best_path
-
-
-def checkpoint_epoch(path: str, filepath: str) -> int | None:
-    """Returns the ``{epoch}`` value in the name of checkpoint `path`.
-
-    For a checkpoint written at the end of an epoch this is the number of
-    epochs completed, which is the `initial_epoch` to pass to `fit` when
-    resuming from it.
-
-    Example:
-
-    ```python
-    import kerastower
-
-    epoch = kerastower.callbacks.checkpoint_epoch(
-        "ckpt/007-0.1234.keras", "ckpt/{epoch:03d}-{val_loss:.4f}.keras"
-    )
-    print(epoch)  # 7
-    ```
-
-    Args:
-        path: A checkpoint file written by a callback with `filepath`.
-        filepath: The callback's `filepath` pattern.
-
-    Returns:
-        The epoch number in the name, or ``None`` if the name does not match
-        `filepath` or `filepath` has no ``{epoch}`` field.
-
-    Raises:
-        ValueError: If `filepath` has fields in its directory part.
-    """
-    match = _name_regex(os.fspath(filepath)).match(os.path.basename(os.fspath(path)))
-    if match is None or match.groupdict().get("epoch") is None:
-        return None
-    return int(match.group("epoch"))
-
-
-def _write_error(what: str, path: str, error: BaseException) -> OSError:
-    return OSError(f"ChiefCheckpoint could not {what} {path!r}: {error}")
-
-
-def _fsync(path: str, directory: bool = False) -> None:
-    flags = os.O_RDONLY | (getattr(os, "O_DIRECTORY", 0) if directory else 0)
-    try:
-        fd = os.open(path, flags)
-    except OSError:
-        if directory:  # Some platforms cannot open directories; best effort.
-            return
-        raise
-    try:
-        os.fsync(fd)
-    except OSError:
-        if not directory:
-            raise
-    finally:
-        os.close(fd)
-
-
-def _remove_quietly(path: str) -> None:
-    try:
-        os.remove(path)
-    except OSError:
-        pass
+from kerastower.callbacks.checkpoint_files import (
+    TEMP_PREFIX,
+    checkpoint_epoch,
+    fsync,
+    latest_checkpoint,
+    name_regex,
+    remove_quietly,
+    static_dir,
+    write_error,
+)
 
 
 class ChiefCheckpoint(_keras_compat.CheckpointHooks, keras.callbacks.ModelCheckpoint):
@@ -329,7 +171,7 @@ class ChiefCheckpoint(_keras_compat.CheckpointHooks, keras.callbacks.ModelCheckp
                 "hold the optimizer state (legacy `.h5` files do not). "
                 f"Received: filepath={self.filepath}"
             )
-        regex = _name_regex(self.filepath)
+        regex = name_regex(self.filepath)
         if "epoch" not in regex.groupindex:
             raise ValueError(
                 "`resume=True` needs an `{epoch}` field in the file name of "
@@ -367,7 +209,7 @@ class ChiefCheckpoint(_keras_compat.CheckpointHooks, keras.callbacks.ModelCheckp
     def on_train_begin(self, logs: dict | None = None) -> None:
         self._chief = None
         if self._is_chief() and not self._remote:
-            self._prepare_directory(_static_dir(self.filepath))
+            self._prepare_directory(static_dir(self.filepath))
         if self.resume:
             self._restore()
 
@@ -392,7 +234,7 @@ class ChiefCheckpoint(_keras_compat.CheckpointHooks, keras.callbacks.ModelCheckp
             ) from error
         for name in os.listdir(directory):
             if name.startswith(TEMP_PREFIX):
-                _remove_quietly(os.path.join(directory, name))
+                remove_quietly(os.path.join(directory, name))
 
     def _restore(self) -> None:
         path = latest_checkpoint(self.filepath)
@@ -456,20 +298,20 @@ class ChiefCheckpoint(_keras_compat.CheckpointHooks, keras.callbacks.ModelCheckp
         try:
             os.makedirs(directory, exist_ok=True)
         except OSError as error:
-            raise _write_error("create the directory of", filepath, error) from error
+            raise write_error("create the directory of", filepath, error) from error
         name = f"{TEMP_PREFIX}{uuid.uuid4().hex[:12]}-{os.path.basename(filepath)}"
         temp = os.path.join(directory, name)
         try:
             self._save_to(temp)
-            _fsync(temp)
+            fsync(temp)
             os.replace(temp, filepath)
         except OSError as error:
-            _remove_quietly(temp)
-            raise _write_error("write the checkpoint", filepath, error) from error
+            remove_quietly(temp)
+            raise write_error("write the checkpoint", filepath, error) from error
         except BaseException:
-            _remove_quietly(temp)
+            remove_quietly(temp)
             raise
-        _fsync(directory, directory=True)
+        fsync(directory, directory=True)
 
     def _save_and_discard(self, filepath: str) -> None:
         try:
@@ -480,7 +322,7 @@ class ChiefCheckpoint(_keras_compat.CheckpointHooks, keras.callbacks.ModelCheckp
         try:
             self._save_to(os.path.join(temp_dir, os.path.basename(filepath)))
         except OSError as error:
-            raise _write_error(
+            raise write_error(
                 f"save into the temporary directory of non-chief worker {worker}, for",
                 filepath,
                 error,

@@ -1,0 +1,357 @@
+"""`BackupAndRestore`: resumable training, mid-epoch and on preemption, exactly."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import warnings
+from collections.abc import Sequence
+
+import keras
+import numpy as np
+
+from kerastower import _keras_compat, cluster, multi_worker
+from kerastower.callbacks.checkpoint_files import (
+    TEMP_PREFIX,
+    fsync,
+    remove_quietly,
+)
+
+POINTER = "latest.json"
+"""The file naming the latest complete backup; it is replaced atomically."""
+
+
+def _write_atomically(path: str, write) -> None:
+    directory = os.path.dirname(path) or os.curdir
+    temp = os.path.join(directory, f"{TEMP_PREFIX}{os.path.basename(path)}")
+    try:
+        write(temp)
+        fsync(temp)
+        os.replace(temp, path)
+    finally:
+        remove_quietly(temp)
+
+
+class BackupAndRestore(keras.callbacks.Callback):
+    """Backs training up, and resumes it at the very step it stopped.
+
+    A drop-in for `keras.callbacks.BackupAndRestore` that resumes exactly:
+    the resumed run ends with the weights, optimizer state, metrics and
+    history of the run never interrupted, also when it stopped in the middle
+    of an epoch or of a `GradientAccumulation` window.
+
+    A backup holds the model's weights and optimizer state, the position in
+    training (epoch and step), the state of every metric of the running epoch
+    and the `GradientAccumulation` window (its sums, examples and step). On
+    resume, `fit` starts at that epoch; the steps the epoch had already run
+    are skipped (their batches are drawn from the data and dropped, so the
+    data position is restored: needs data whose order depends only on the
+    epoch, e.g. ``shuffle=False`` or a seeded `tf.data` pipeline), the
+    metrics and the window are restored, and training goes on. Keras's own
+    callback restarts an interrupted epoch from its first step instead.
+
+    **Preemption.** On one of `signals` (``SIGTERM`` by default: what cloud
+    schedulers and Kubernetes send before they stop a machine), or once
+    `preemption_file` exists, training stops at the end of the current step:
+    a backup of that step is written and the process exits with `exit_code`.
+    If that takes longer than `grace_period` seconds from the signal, the
+    process exits anyway (the previous backup stays intact). Under several
+    workers, every worker stops at the same step even when only one was
+    signalled (the workers agree after each step, through a small
+    all-reduce), only the chief writes, and every worker exits.
+
+    Backups are written atomically: the files of a backup are flushed to
+    disk before `latest.json` is switched to them, so a process killed at
+    any moment leaves the previous backup whole. `backup_dir` must be on a
+    file system every worker sees.
+
+    Example:
+
+    ```python
+    import keras
+    import numpy as np
+
+    import kerastower
+
+    inputs = keras.Input((8,))
+    model = kerastower.TowerModel(inputs, keras.layers.Dense(1)(inputs))
+    model.compile(optimizer="adam", loss="mse")
+    x = np.random.default_rng(0).normal(size=(640, 8)).astype("float32")
+    y = x.sum(axis=1, keepdims=True)
+
+    backup = kerastower.callbacks.BackupAndRestore("backup", save_freq=5)
+    model.fit(x, y, batch_size=64, epochs=10, shuffle=False, callbacks=[backup])
+    # Killed or preempted? Run the same script again: it goes on from the
+    # last backup (every 5 steps, and at the step a SIGTERM arrived).
+    ```
+
+    Args:
+        backup_dir: The directory for the backup.
+        save_freq: ``"epoch"`` to back up after each epoch, or an integer
+            ``n`` to back up every ``n`` training steps (global batches).
+            Defaults to ``"epoch"``.
+        delete_checkpoint: Whether to delete the backup when training ends
+            normally. Defaults to ``True``.
+        signals: The signals that mean preemption. Defaults to
+            ``(signal.SIGTERM,)``; ``()`` turns signal handling off.
+        preemption_file: A path whose appearance means preemption (as a
+            cloud maintenance-event watcher may write), or ``None``.
+        grace_period: Seconds from a preemption signal to the latest exit.
+            Defaults to 25 (the usual grace is 30 s).
+        exit_code: The exit status after a preemption backup, or ``None`` to
+            stop training without exiting (`fit` then returns early).
+            Defaults to 143, the status of a process stopped by ``SIGTERM``.
+
+    Raises:
+        ValueError: If an argument is invalid, or a backup does not fit the
+            model (another model, other metrics).
+    """
+
+    def __init__(
+        self,
+        backup_dir: str | os.PathLike,
+        save_freq: str | int = "epoch",
+        delete_checkpoint: bool = True,
+        signals: Sequence[int] = (signal.SIGTERM,),
+        preemption_file: str | os.PathLike | None = None,
+        grace_period: float = 25.0,
+        exit_code: int | None = 143,
+    ):
+        super().__init__()
+        if not backup_dir:
+            raise ValueError(
+                "`backup_dir` must be a directory path. "
+                f"Received: backup_dir={backup_dir!r}"
+            )
+        if save_freq != "epoch" and (
+            not isinstance(save_freq, int)
+            or isinstance(save_freq, bool)
+            or save_freq < 1
+        ):
+            raise ValueError(
+                "`save_freq` must be 'epoch' or an integer >= 1. "
+                f"Received: save_freq={save_freq!r}"
+            )
+        if not grace_period > 0:
+            raise ValueError(
+                f"`grace_period` must be > 0. Received: grace_period={grace_period!r}"
+            )
+        self.backup_dir = os.fspath(backup_dir)
+        self.save_freq = save_freq
+        self.delete_checkpoint = delete_checkpoint
+        self.signals = tuple(signals)
+        self.preemption_file = (
+            None if preemption_file is None else os.fspath(preemption_file)
+        )
+        self.grace_period = float(grace_period)
+        self.exit_code = exit_code
+        self.preempted = False
+        self._signalled = threading.Event()
+        self._previous_handlers: dict = {}
+        self._pending: dict | None = None  # the restored state, until applied
+        self._epoch = 0
+        self._step = 0  # steps run in this epoch
+        self._saved_step = 0  # the step of the epoch's latest backup
+
+    # -- what a backup holds --------------------------------------------
+
+    def _metric_variables(self):
+        return [v for m in self.model.metrics for v in m.variables]
+
+    def _window_variables(self):
+        accumulator = getattr(self.model, "_gradient_accumulator", None)
+        if accumulator is None:
+            return []
+        return [
+            *accumulator.sums,
+            accumulator.examples,
+            accumulator.micro_batches,
+            accumulator.steps,
+        ]
+
+    def _save(self, epoch: int, step: int) -> None:
+        """Backs up the state after `step` steps of `epoch` (chief writes)."""
+        metrics = [np.asarray(v.numpy()) for v in self._metric_variables()]
+        window = [np.asarray(v.numpy()) for v in self._window_variables()]
+        if not cluster.is_chief(self.model.distribute_strategy):
+            return
+        os.makedirs(self.backup_dir, exist_ok=True)
+        pointer = os.path.join(self.backup_dir, POINTER)
+        previous = self._read_pointer()
+        backup_id = (previous["id"] + 1) if previous else 0
+        weights = f"backup-{backup_id}.weights.h5"
+        arrays = f"backup-{backup_id}.npz"
+        _write_atomically(
+            os.path.join(self.backup_dir, weights),
+            lambda path: self.model.save_weights(path, overwrite=True),
+        )
+
+        def save_arrays(path):
+            with open(path, "wb") as f:
+                np.savez(f, *metrics, *window)
+
+        _write_atomically(os.path.join(self.backup_dir, arrays), save_arrays)
+        state = dict(
+            id=backup_id,
+            epoch=epoch,
+            step=step,
+            weights=weights,
+            arrays=arrays,
+            metrics=len(metrics),
+            window=len(window),
+        )
+
+        def save_pointer(path):
+            with open(path, "w") as f:
+                json.dump(state, f)
+
+        _write_atomically(pointer, save_pointer)
+        fsync(self.backup_dir, directory=True)
+        if previous:
+            for name in (previous["weights"], previous["arrays"]):
+                remove_quietly(os.path.join(self.backup_dir, name))
+
+    def _read_pointer(self) -> dict | None:
+        path = os.path.join(self.backup_dir, POINTER)
+        if not os.path.exists(path):
+            return None
+        with open(path) as f:
+            return json.load(f)
+
+    # -- restoring ----------------------------------------------------------
+
+    def on_train_begin(self, logs=None):
+        self.preempted = False
+        self._signalled.clear()
+        self._install_handlers()
+        self._pending = None
+        state = self._read_pointer()
+        if state is None:
+            return
+        model = self.model
+        if not model.built:
+            raise ValueError(
+                "BackupAndRestore needs a built model to restore the backup into. "
+                f"Received: unbuilt model {model.name!r}"
+            )
+        if model.optimizer is not None and not model.optimizer.built:
+            model.optimizer.build(model.trainable_variables)
+        model.load_weights(os.path.join(self.backup_dir, state["weights"]))
+        with np.load(os.path.join(self.backup_dir, state["arrays"])) as data:
+            state["values"] = [data[f"arr_{i}"] for i in range(len(data.files))]
+        self._pending = state
+        _keras_compat.set_initial_epoch(model, state["epoch"])
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._epoch, self._step, self._saved_step = epoch, 0, 0
+        state, self._pending = self._pending, None
+        if state is None or state["epoch"] != epoch:
+            return
+        values = state["values"]
+        metrics = self._metric_variables()
+        window = self._window_variables()
+        if (len(metrics), len(window)) != (state["metrics"], state["window"]):
+            raise ValueError(
+                "The backup does not fit this training: it holds "
+                f"{state['metrics']} metric and {state['window']} accumulation "
+                f"variables, the model has {len(metrics)} and {len(window)}. "
+                f"Received: backup_dir={self.backup_dir}"
+            )
+        for variable, value in zip(metrics + window, values):
+            variable.assign(value)
+        self._saved_step = state["step"]
+        self._skip(state["step"])
+
+    def _skip(self, steps: int) -> None:
+        """Draws and drops the batches of the `steps` steps already run."""
+        if steps <= 0:
+            return
+        model = self.model
+        train = model.train_function
+        remaining = steps
+
+        def skipped(iterator):
+            nonlocal remaining
+            if remaining <= 0:
+                model.train_function = train
+                return train(iterator)
+            for _ in range(min(model.steps_per_execution, remaining)):
+                iterator.get_next()
+                remaining -= 1
+            return model.get_metrics_result()
+
+        model.train_function = skipped
+
+    # -- backing up -------------------------------------------------------
+
+    def on_train_batch_end(self, batch, logs=None):
+        self._step = batch + 1  # `batch` is the last step of the execution
+        if self._preemption_agreed():
+            self._save(self._epoch, self._step)
+            self.preempted = True
+            if self.exit_code is None:
+                self.model.stop_training = True
+                return
+            raise SystemExit(self.exit_code)
+        if self.save_freq != "epoch" and (
+            self._step - self._saved_step >= self.save_freq
+        ):
+            self._save(self._epoch, self._step)
+            self._saved_step = self._step
+
+    def on_epoch_end(self, epoch, logs=None):
+        if self.save_freq == "epoch" and not self.model.stop_training:
+            self._save(epoch + 1, 0)
+
+    def on_train_end(self, logs=None):
+        self._restore_handlers()
+        if self.preempted or not self.delete_checkpoint:
+            return
+        if cluster.is_chief(self.model.distribute_strategy):
+            for name in (
+                os.listdir(self.backup_dir) if os.path.isdir(self.backup_dir) else []
+            ):
+                if name == POINTER or name.startswith(("backup-", TEMP_PREFIX)):
+                    remove_quietly(os.path.join(self.backup_dir, name))
+
+    # -- preemption ---------------------------------------------------------
+
+    def _preemption_agreed(self) -> bool:
+        local = self._signalled.is_set() or bool(
+            self.preemption_file and os.path.exists(self.preemption_file)
+        )
+        model = self.model
+        if getattr(model, "num_workers", 1) > 1:
+            flag = np.float32(1.0 if local else 0.0)
+            total = multi_worker.all_reduce_sum(model._worker_strategy, flag)
+            return float(total) > 0
+        return local
+
+    def _on_signal(self, signum, frame):
+        if self._signalled.is_set():
+            return
+        self._signalled.set()
+        # The last resort: exit even if the step or the backup hangs.
+        code = 128 + signum if self.exit_code is None else self.exit_code
+        timer = threading.Timer(self.grace_period, os._exit, args=(code,))
+        timer.daemon = True
+        timer.start()
+
+    def _install_handlers(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            if self.signals:
+                warnings.warn(
+                    "BackupAndRestore handles signals in the main thread only; "
+                    "fit runs in another thread, so signals are not handled.",
+                    stacklevel=3,
+                )
+            return
+        for signum in self.signals:
+            self._previous_handlers[signum] = signal.signal(signum, self._on_signal)
+
+    def _restore_handlers(self) -> None:
+        for signum, handler in self._previous_handlers.items():
+            signal.signal(signum, handler)
+        self._previous_handlers = {}

@@ -1,0 +1,81 @@
+"""A worker script written the natural way, run by the multi-worker tests.
+
+It imports keras before kerastower, builds its layers before its first
+`TowerModel` and never calls `kerastower.worker_strategy()`: the same script
+trains on one machine, or on several with nothing but `TF_CONFIG` set (the
+tests start it through ``kerastower launch``). The towers are the logical
+CPUs that ``kerastower launch --towers`` asks for.
+
+``python natural.py OUT FAMILY`` trains the model `FAMILY` ("dense",
+"from_model" or "subclassed") on this worker's examples and writes the
+initial weights (chief), the final weights and the history to ``OUT``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import keras
+import numpy as np
+
+import kerastower
+
+FEATURES = 5
+BATCH = 4  # per worker; the global batch is the sum over workers
+EPOCHS = 2
+
+
+def worker_data(index: int):
+    """Worker ``i`` holds ``11 - i`` examples: uneven last batches, 3 steps."""
+    rng = np.random.default_rng(100 + index)
+    n = 11 - index
+    x = rng.normal(size=(n, FEATURES)).astype("float32")
+    y = (x @ np.arange(1, FEATURES + 1, dtype="float32")[:, None] / 5).astype("float32")
+    return x, y
+
+
+def layers(seed: int):
+    keras.utils.set_random_seed(seed)
+    return keras.layers.Dense(8, activation="tanh"), keras.layers.Dense(1)
+
+
+class Subclassed(kerastower.TowerModel):
+    def __init__(self, seed: int, **kwargs):
+        super().__init__(**kwargs)
+        self.hidden, self.out = layers(seed)
+
+    def call(self, x):
+        return self.out(self.hidden(x))
+
+
+def build(family: str, seed: int):
+    """The model, built before any strategy exists."""
+    if family == "subclassed":
+        model = Subclassed(seed)
+        model(np.zeros((1, FEATURES), "float32"))
+        return model
+    inputs = keras.Input((FEATURES,))
+    hidden, out = layers(seed)
+    outputs = out(hidden(inputs))
+    if family == "from_model":
+        return kerastower.TowerModel.from_model(keras.Model(inputs, outputs))
+    return kerastower.TowerModel(inputs, outputs)
+
+
+def main(out: str, family: str) -> None:
+    index = kerastower.worker_index()
+    x, y = worker_data(index)
+    # Different seeds on purpose: every worker starts from the chief's weights.
+    model = build(family, seed=index)
+    model.compile(optimizer=keras.optimizers.Adam(0.01), loss="mse", metrics=["mae"])
+    history = model.fit(x, y, batch_size=BATCH, epochs=EPOCHS, shuffle=False, verbose=0)
+    np.savez(os.path.join(out, f"worker{index}.npz"), *model.get_weights())
+    report = dict(history.history, towers=model.num_towers, workers=model.num_workers)
+    with open(os.path.join(out, f"history{index}.json"), "w") as f:
+        json.dump(report, f)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2])

@@ -1,0 +1,119 @@
+"""A resumable training run that the preemption tests stop and start again.
+
+``python resumable.py OUT [--accumulate K] [--sigterm-at S] [--kill-at S]``
+trains a `TowerModel` (an MLP with Adam, no shuffling, no dropout) for
+`EPOCHS` epochs of `STEPS` steps with `kerastower.callbacks.BackupAndRestore`
+backing up every step in ``OUT/backup``. On one machine it uses two towers;
+under ``kerastower launch`` every worker holds its own examples. Started
+again on the same ``OUT`` it resumes from the backup. It prints ``STEP e s``
+after each step (flushed), and writes the final weights to
+``OUT/final{worker}.npz`` and the history of this run to
+``OUT/history{worker}.json``.
+
+``--sigterm-at S`` makes the process send itself ``SIGTERM`` during global
+step ``S`` (0-based, counted over the whole training, this run's epochs
+included), as a scheduler would; ``--kill-at S`` sends ``SIGKILL`` instead.
+``--only-worker W`` limits both to worker ``W``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+
+import keras
+import numpy as np
+
+import kerastower
+
+EPOCHS = 3
+BATCH = 8  # per worker
+STEPS = 4
+
+
+def worker_data(index: int):
+    rng = np.random.default_rng(7 + index)
+    x = rng.normal(size=(BATCH * STEPS, 4)).astype("float32")
+    y = np.tanh(x @ np.array([[0.5], [-1.0], [0.25], [2.0]], "float32"))
+    return x, y.astype("float32")
+
+
+def build_model():
+    keras.utils.set_random_seed(0)
+    inputs = keras.Input((4,))
+    hidden = keras.layers.Dense(16, activation="tanh")(inputs)
+    model = kerastower.TowerModel(inputs, keras.layers.Dense(1)(hidden))
+    model.compile(optimizer=keras.optimizers.Adam(0.01), loss="mse", metrics=["mae"])
+    return model
+
+
+class Interrupt(keras.callbacks.Callback):
+    """Signals this process in the middle of global step `at`."""
+
+    def __init__(self, at: int, signum: int):
+        super().__init__()
+        self.at, self.signum = at, signum
+
+    def on_train_batch_begin(self, batch, logs=None):
+        self.epoch_batch = batch
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.epoch = epoch
+
+    def on_train_batch_end(self, batch, logs=None):
+        if self.epoch * STEPS + batch == self.at:
+            os.kill(os.getpid(), self.signum)
+
+
+class Report(keras.callbacks.Callback):
+    def on_epoch_begin(self, epoch, logs=None):
+        self.epoch = epoch
+
+    def on_train_batch_end(self, batch, logs=None):
+        print(f"STEP {self.epoch} {batch}", flush=True)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("out")
+    parser.add_argument("--accumulate", type=int, default=1)
+    parser.add_argument("--sigterm-at", type=int, default=None)
+    parser.add_argument("--kill-at", type=int, default=None)
+    parser.add_argument("--only-worker", type=int, default=None)
+    args = parser.parse_args(argv)
+    if not kerastower.is_multi_worker():
+        kerastower.configure_logical_devices(2)
+    index = kerastower.worker_index()
+    x, y = worker_data(index)
+    model = build_model()
+    callbacks = [Report()]
+    if args.only_worker in (None, index):
+        if args.sigterm_at is not None:
+            callbacks.append(Interrupt(args.sigterm_at, signal.SIGTERM))
+        if args.kill_at is not None:
+            callbacks.append(Interrupt(args.kill_at, signal.SIGKILL))
+    if args.accumulate > 1:
+        callbacks.append(kerastower.callbacks.GradientAccumulation(args.accumulate))
+    backup_dir = os.path.join(args.out, "backup")
+    callbacks.append(kerastower.callbacks.BackupAndRestore(backup_dir, save_freq=1))
+    history = model.fit(
+        x,
+        y,
+        batch_size=BATCH,
+        epochs=EPOCHS,
+        shuffle=False,
+        verbose=0,
+        callbacks=callbacks,
+    )
+    np.savez(os.path.join(args.out, f"final{index}.npz"), *model.get_weights())
+    with open(os.path.join(args.out, f"history{index}.json"), "w") as f:
+        json.dump(dict(history.history, epochs=history.epoch), f)
+    print("DONE", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

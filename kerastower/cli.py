@@ -1,4 +1,4 @@
-"""The ``kerastower`` command: ``kerastower demo`` and ``kerastower devices``.
+"""The ``kerastower`` command: ``demo``, ``devices`` and ``launch``.
 
 ``kerastower demo`` trains a small convnet on scikit-learn's bundled digits
 over several towers (all GPUs, or logical CPUs when there is none), trains
@@ -8,6 +8,10 @@ weight difference between the two runs. It needs no download.
 
 ``kerastower devices`` lists the devices `TowerModel` would use, with each
 GPU's name and memory.
+
+``kerastower launch`` starts local worker processes of one cluster, or prints
+the `TF_CONFIG` of a worker of a real one; see `kerastower.launch`. It never
+imports TensorFlow.
 
 The command starts quietly: TensorFlow's start-up log (oneDNN, CPU features,
 absl) is left out unless ``--verbose`` is given, so the first line printed is
@@ -22,6 +26,8 @@ import os
 import sys
 import tempfile
 from collections.abc import Iterator, Sequence
+
+from kerastower import launch
 
 DEFAULT_CPU_TOWERS = 4
 DEFAULT_TOLERANCE = 1e-4
@@ -82,10 +88,15 @@ def quiet_start() -> None:
     wrote is shown with the error. Anywhere else it does nothing, so a
     program that imports kerastower keeps TensorFlow's logging as it is. It
     must run before TensorFlow is first imported: `kerastower/__init__.py`
-    calls it first.
+    calls it first. ``kerastower launch`` runs here and exits, so that the
+    launcher never loads TensorFlow.
     """
     if "tensorflow" in sys.modules or not started_as_command():
         return
+    if _command(sys.argv[1:]) == "launch":
+        # The launcher must stay light and never join the cluster: it runs
+        # here, before kerastower imports TensorFlow, and exits.
+        sys.exit(main())
     if VERBOSE_FLAG in sys.argv[1:]:
         return
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
@@ -108,7 +119,7 @@ def _parser() -> argparse.ArgumentParser:
         prog="kerastower",
         description="Train one Keras model on several devices, exactly.",
     )
-    parser.add_argument("--version", action="version", version=_version_line())
+    parser.add_argument("--version", action=_VersionAction)
     _add_verbose_argument(parser)
     commands = parser.add_subparsers(dest="command", required=True)
 
@@ -156,7 +167,39 @@ def _parser() -> argparse.ArgumentParser:
         description="List the devices TowerModel would use, one per tower.",
     )
     _add_device_arguments(devices)
+
+    launcher = commands.add_parser(
+        "launch",
+        help="start local workers of one cluster, or print a TF_CONFIG",
+        description=(
+            "Start N local worker processes of one cluster, each running "
+            "`python script args...` with its own TF_CONFIG (the arguments "
+            "after the script go to it unchanged); or, with --hosts, print the "
+            "TF_CONFIG of one worker of a real cluster."
+        ),
+        usage=launch.USAGE,
+        allow_abbrev=False,
+    )
+    launch.add_arguments(launcher)
     return parser
+
+
+def _command(argv: Sequence[str]) -> str | None:
+    """The subcommand: the first argument that is not an option."""
+    return next((arg for arg in argv if not arg.startswith("-")), None)
+
+
+class _VersionAction(argparse.Action):
+    """``--version``, which loads TensorFlow only when it is given."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, **kwargs):
+        kwargs.update(nargs=0, default=argparse.SUPPRESS)
+        kwargs.setdefault("help", "show program's version number and exit")
+        super().__init__(option_strings, argparse.SUPPRESS, **kwargs)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(_version_line())
+        parser.exit()
 
 
 def _version_line() -> str:
@@ -315,9 +358,22 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     Returns:
         The exit status: 0 on success; 1 when the demo's towers did not match
-        one device within the tolerance; 2 for a usage error.
+        one device within the tolerance; 2 for a usage error; for ``launch``,
+        the first failed worker's status or ``128 + signal``.
     """
+    argv = list(sys.argv[1:] if argv is None else argv)
+    script_argv: list[str] = []
+    if _command(argv) == "launch":
+        at = argv.index("launch") + 1
+        launcher_argv, script_argv = launch.split_argv(argv[at:])
+        argv = argv[:at] + launcher_argv
     args = _parser().parse_args(argv)
+    if args.command == "launch":
+        try:
+            return launch.run(args, script_argv)
+        except ValueError as error:
+            print(f"kerastower launch: error: {error}", file=sys.stderr)
+            return 2
     try:
         if args.command == "devices":
             return _devices_command(args)

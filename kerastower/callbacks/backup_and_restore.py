@@ -309,12 +309,16 @@ class BackupAndRestore(keras.callbacks.Callback):
         self._restore_handlers()
         if self.preempted or not self.delete_checkpoint:
             return
-        if cluster.is_chief(self.model.distribute_strategy):
-            for name in (
-                os.listdir(self.backup_dir) if os.path.isdir(self.backup_dir) else []
-            ):
+        if not cluster.is_chief(self.model.distribute_strategy):
+            return
+        if os.path.isdir(self.backup_dir):
+            for name in os.listdir(self.backup_dir):
                 if name == POINTER or name.startswith(("backup-", TEMP_PREFIX)):
                     remove_quietly(os.path.join(self.backup_dir, name))
+            try:
+                os.rmdir(self.backup_dir)  # only when nothing else is there
+            except OSError:
+                pass
 
     # -- preemption ---------------------------------------------------------
 

@@ -1,0 +1,494 @@
+"""Starting worker processes: the ``kerastower launch`` command.
+
+``kerastower launch -n 2 --towers 2 train.py --epochs 3`` starts two local
+workers, each ``python train.py --epochs 3`` with its own `TF_CONFIG` (free
+ports on ``127.0.0.1``) and ``KERASTOWER_LOGICAL_DEVICES=2`` (the logical CPUs
+kerastower makes on a machine without a GPU), and streams their output with
+each line prefixed ``[worker i]``. The first failure stops the other workers;
+Ctrl-C reaches them as SIGTERM. ``kerastower launch --hosts a:2222,b:2222
+--index 0`` starts nothing: it prints worker 0's `TF_CONFIG`. The launcher is
+plain Python: it neither imports TensorFlow nor joins the cluster.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any, TextIO
+
+LOGICAL_DEVICES_VARIABLE = "KERASTOWER_LOGICAL_DEVICES"
+DEFAULT_GRACE_PERIOD = 10.0
+LOOPBACK = "127.0.0.1"
+_POLL_SECONDS = 0.05
+_POSIX = os.name == "posix"
+_KILL = signal.SIGKILL if _POSIX else signal.SIGTERM
+
+
+def _check_count(name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(
+            f"`{name}` must be an integer >= 1. Received: {name}={value!r}"
+        )
+    return value
+
+
+def tf_config_for(hosts: str | Sequence[str], index: int) -> dict[str, Any]:
+    """Returns the `TF_CONFIG` of one worker of a cluster of workers.
+
+    Example:
+
+    ```python
+    from kerastower.launch import tf_config_for
+
+    print(tf_config_for("host0:2222,host1:2222", 1))
+    # {'cluster': {'worker': ['host0:2222', 'host1:2222']},
+    #  'task': {'type': 'worker', 'index': 1}}
+    ```
+
+    Args:
+        hosts: The ``host:port`` address of every worker, worker 0 (the
+            chief) first: a list, or one comma-separated string.
+        index: This worker's index in `hosts`.
+
+    Returns:
+        The config as a dict, ready for `json.dumps`.
+
+    Raises:
+        ValueError: If `hosts` is empty, an address is not ``host:port`` with
+            an integer port in ``[1, 65535]``, or `index` is not in
+            ``[0, len(hosts))``.
+    """
+    if isinstance(hosts, str):
+        hosts = [h.strip() for h in hosts.split(",") if h.strip()]
+    if not hosts:
+        raise ValueError(f"`hosts` must name a worker. Received: hosts={hosts!r}")
+    for address in hosts:
+        host, _, port = address.rpartition(":")
+        if not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ValueError(
+                "Each host must be `host:port` with a port in [1, 65535]. "
+                f"Received: host={address!r}"
+            )
+    if isinstance(index, bool) or not isinstance(index, int):
+        raise ValueError(f"`index` must be an integer. Received: index={index!r}")
+    if not 0 <= index < len(hosts):
+        raise ValueError(
+            f"`index` must be in [0, {len(hosts)}), one per host. "
+            f"Received: index={index}"
+        )
+    return {
+        "cluster": {"worker": list(hosts)},
+        "task": {"type": "worker", "index": index},
+    }
+
+
+def free_loopback_ports(n: int) -> list[int]:
+    """Returns `n` distinct TCP ports that are free on ``127.0.0.1`` now.
+
+    The operating system picks them, all held at once so that they differ,
+    and they are released before returning: another program could still take
+    one before a worker binds it, as with any free-port probe.
+
+    Args:
+        n: How many ports.
+
+    Returns:
+        The port numbers.
+
+    Raises:
+        ValueError: If `n` is less than 1.
+    """
+    _check_count("n", n)
+    sockets = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in range(n)]
+    try:
+        for s in sockets:
+            s.bind((LOOPBACK, 0))
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
+
+
+def towers_per_worker(
+    towers: str | int | Sequence[int] | None, num_workers: int
+) -> list[int] | None:
+    """Gives every worker its number of towers.
+
+    Workers may have different numbers of towers: ``"2,3"`` gives worker 0
+    two towers and worker 1 three.
+
+    Args:
+        towers: One number for every worker, one per worker, or a string of
+            either (``"2"``, ``"2,3"``, as ``--towers`` takes them); ``None``
+            leaves the choice to each worker.
+        num_workers: The number of workers.
+
+    Returns:
+        One number per worker, or ``None`` when `towers` is ``None``.
+
+    Raises:
+        ValueError: If `num_workers` or a number of towers is not an integer
+            of at least 1, or there is more than one and not one per worker.
+    """
+    _check_count("num_workers", num_workers)
+    if isinstance(towers, str):
+        try:
+            towers = [int(t) for t in towers.split(",")]
+        except ValueError:
+            raise ValueError(
+                "`towers` must be an integer >= 1, or a comma-separated list "
+                f"with one per worker. Received: towers={towers!r}"
+            ) from None
+        towers = towers[0] if len(towers) == 1 else towers
+    if towers is None:
+        return None
+    if isinstance(towers, int):
+        towers = [towers] * num_workers
+    counts = [_check_count("towers", t) for t in towers]
+    if len(counts) != num_workers:
+        raise ValueError(
+            "`towers` must give one number for all workers or one per worker "
+            f"({num_workers}). Received: towers={counts}"
+        )
+    return counts
+
+
+def _worker_env(hosts: list[str], index: int, towers: int | None) -> dict[str, str]:
+    env = dict(os.environ, TF_CONFIG=json.dumps(tf_config_for(hosts, index)))
+    env["PYTHONUNBUFFERED"] = "1"  # the output streams line by line
+    if towers is not None:
+        env[LOGICAL_DEVICES_VARIABLE] = str(towers)
+    return env
+
+
+def _exit_status(returncode: int) -> int:
+    """The status a shell shows for a return code: 128 + n for signal n."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+def _describe_exit(returncode: int) -> str:
+    if returncode >= 0:
+        return f"exited with {returncode}"
+    try:
+        return f"was killed by {signal.Signals(-returncode).name}"
+    except ValueError:
+        return f"was killed by signal {-returncode}"
+
+
+def _say(message: str) -> None:
+    sys.stderr.write(f"kerastower launch: {message}\n")  # one write: one line
+    sys.stderr.flush()
+
+
+def _pump(pipe: Any, prefix: str, stream_name: str, lock: threading.Lock) -> None:
+    """Copies a child's pipe line by line to ``sys.<stream_name>``, prefixed."""
+    with pipe:
+        for raw in iter(pipe.readline, b""):
+            line = prefix + raw.decode(errors="replace").rstrip("\r\n") + "\n"
+            with lock:
+                stream: TextIO = getattr(sys, stream_name)
+                stream.write(line)
+                stream.flush()
+
+
+def _send(proc: subprocess.Popen, sig: int) -> None:
+    """Signals a worker and whatever it started (its own process group)."""
+    if proc.poll() is not None:
+        return
+    try:
+        if _POSIX:
+            os.killpg(proc.pid, sig)
+        else:
+            proc.terminate()
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+@contextmanager
+def _signals_recorded() -> Iterator[list[int]]:
+    """Records SIGINT and SIGTERM instead of acting on them, in the main thread."""
+    received: list[int] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield received
+        return
+    previous = {}
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        previous[sig] = signal.signal(sig, lambda signum, _: received.append(signum))
+    try:
+        yield received
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+class _Workers:
+    """The running worker processes and the threads that stream their output."""
+
+    def __init__(self):
+        self.procs: list[subprocess.Popen] = []
+        self.threads: list[threading.Thread] = []
+        self.lock = threading.Lock()
+
+    def start(self, command: list[str], env: dict[str, str]) -> None:
+        # Its own session: Ctrl-C at a terminal reaches the launcher only,
+        # which gives the workers SIGTERM and time to save a checkpoint.
+        proc = subprocess.Popen(
+            command,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=_POSIX,
+        )
+        prefix = f"[worker {len(self.procs)}] "
+        self.procs.append(proc)
+        for pipe, name in ((proc.stdout, "stdout"), (proc.stderr, "stderr")):
+            args = (pipe, prefix, name, self.lock)
+            self.threads.append(threading.Thread(target=_pump, args=args, daemon=True))
+            self.threads[-1].start()
+
+    def running(self) -> list[int]:
+        return [i for i, p in enumerate(self.procs) if p.poll() is None]
+
+    def stop(self, grace_period: float, signals: list[int]) -> list[int]:
+        """SIGTERM to every running worker, SIGKILL after the grace period.
+
+        A further signal to the launcher ends the grace period at once.
+
+        Returns:
+            The indices of the workers that had to be killed.
+        """
+        seen = len(signals)
+        for i in self.running():
+            _send(self.procs[i], signal.SIGTERM)
+        deadline = time.monotonic() + grace_period
+        while self.running() and time.monotonic() < deadline and len(signals) == seen:
+            time.sleep(_POLL_SECONDS)
+        killed = self.running()
+        for i in killed:
+            _send(self.procs[i], _KILL)
+        for proc in self.procs:
+            proc.wait()
+        return killed
+
+    def wait(self, grace_period: float, signals: list[int]) -> int:
+        """Waits for every worker to succeed, or for the first failure or signal."""
+        while not signals:
+            failed = [p for p in self.procs if p.poll() not in (None, 0)]
+            if failed:
+                i, others = self.procs.index(failed[0]), self.running()
+                killed = self.stop(grace_period, signals)
+                _say(
+                    f"worker {i} {_describe_exit(failed[0].returncode)}"
+                    + ("; stopped the others" if others else "")
+                    + (f" (killed worker(s) {_join(killed)})" if killed else "")
+                )
+                return _exit_status(failed[0].returncode)
+            if not self.running():
+                return 0
+            time.sleep(_POLL_SECONDS)
+        _say(
+            f"{signal.Signals(signals[0]).name} received; stopping the workers "
+            f"(SIGTERM, then SIGKILL after {grace_period:g} s)"
+        )
+        killed = self.stop(grace_period, signals)
+        if killed:
+            _say(f"killed worker(s) {_join(killed)}")
+        return 128 + signals[0]
+
+    def close(self) -> None:
+        """Kills what still runs (after an error in the launcher); ends the output."""
+        for proc in self.procs:
+            _send(proc, _KILL)
+            proc.wait()
+        deadline = time.monotonic() + 2.0
+        for thread in self.threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
+
+
+def _join(indices: Sequence[int]) -> str:
+    return ", ".join(str(i) for i in indices)
+
+
+def launch(
+    script_argv: Sequence[str],
+    num_workers: int,
+    towers: str | int | Sequence[int] | None = None,
+    *,
+    module: bool = False,
+    grace_period: float = DEFAULT_GRACE_PERIOD,
+) -> int:
+    """Runs a script as `num_workers` local workers of one cluster.
+
+    Each worker is ``python script args...`` (``python -m module args...``
+    with `module`), with no standard input, in its own process group, and
+    with this process's environment plus ``PYTHONUNBUFFERED=1``, a
+    `TF_CONFIG` naming every worker on a free port of ``127.0.0.1`` and, with
+    `towers`, ``KERASTOWER_LOGICAL_DEVICES`` set to its number of towers.
+    Their standard output and error are streamed line by line to this
+    process's, each line prefixed with ``[worker i] ``.
+
+    When a worker fails, the others get SIGTERM, then SIGKILL after
+    `grace_period` seconds, and the launcher returns the failed worker's exit
+    status (``128 + n`` when signal ``n`` killed it). SIGINT (Ctrl-C) or
+    SIGTERM to the launcher stops the workers the same way and returns
+    ``128 + signal`` (130 for Ctrl-C); a second one kills them at once.
+
+    Args:
+        script_argv: The script (or module) and its arguments, passed on
+            unchanged.
+        num_workers: The number of worker processes.
+        towers: Towers per worker: one number for all, one per worker, or
+            ``None`` to leave ``KERASTOWER_LOGICAL_DEVICES`` as it is; see
+            `towers_per_worker`. Defaults to ``None``.
+        module: Run ``script_argv[0]`` as a module (``python -m``). Defaults
+            to ``False``.
+        grace_period: Seconds between SIGTERM and SIGKILL when workers are
+            stopped. Defaults to 10.0.
+
+    Returns:
+        The exit status: 0 when every worker exits with 0.
+
+    Raises:
+        ValueError: If `script_argv` is empty, or `num_workers`, `towers` or
+            `grace_period` is invalid.
+    """
+    script_argv = list(script_argv)
+    if not script_argv:
+        raise ValueError("`script_argv` must name a script. Received: script_argv=[]")
+    counts = towers_per_worker(towers, num_workers)
+    if not grace_period >= 0:
+        raise ValueError(
+            f"`grace_period` must be >= 0. Received: grace_period={grace_period}"
+        )
+    hosts = [f"{LOOPBACK}:{port}" for port in free_loopback_ports(num_workers)]
+    envs = [
+        _worker_env(hosts, i, None if counts is None else counts[i])
+        for i in range(num_workers)
+    ]
+    command = [sys.executable, *(["-m"] if module else []), *script_argv]
+    _say(
+        f"starting {num_workers} worker(s) on {', '.join(hosts)}"
+        + ("" if counts is None else f", towers {_join(counts)}")
+    )
+    workers = _Workers()
+    with _signals_recorded() as signals:
+        try:
+            for env in envs:
+                workers.start(command, env)
+            return workers.wait(grace_period, signals)
+        finally:
+            workers.close()
+
+
+USAGE = (
+    "%(prog)s [-h] -n N [--towers K[,K...]] [--grace-period S] [-m] "
+    "script [args ...]\n       %(prog)s --hosts HOST:PORT[,...] --index I [--export]"
+)
+# The options of `add_arguments` that take a value.
+_VALUE_OPTIONS = frozenset(
+    "-n --num-workers --towers --grace-period --hosts --index".split()
+)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Adds the launcher's options to `parser`; `split_argv` holds the script."""
+    parser.add_argument(
+        "-n", "--num-workers", type=int, metavar="N", help="workers to start"
+    )
+    parser.add_argument(
+        "--towers",
+        metavar="K[,K...]",
+        help="towers per worker: one number for all, or one per worker",
+    )
+    parser.add_argument(
+        "-m", "--module", action="store_true", help="run a module, as python -m"
+    )
+    parser.add_argument(
+        "--grace-period",
+        type=float,
+        default=DEFAULT_GRACE_PERIOD,
+        metavar="S",
+        help="seconds from SIGTERM to SIGKILL when workers are stopped "
+        f"(default: {DEFAULT_GRACE_PERIOD:g})",
+    )
+    parser.add_argument(
+        "--hosts",
+        metavar="HOST:PORT[,...]",
+        help="start nothing; print the TF_CONFIG of worker --index of these",
+    )
+    parser.add_argument(
+        "--index", type=int, metavar="I", help="the worker's index in --hosts"
+    )
+    parser.add_argument(
+        "--export", action="store_true", help="print it as a shell export line"
+    )
+
+
+def split_argv(argv: Sequence[str]) -> tuple[list[str], list[str]]:
+    """Splits ``launch``'s arguments into the launcher's and the script's.
+
+    The script is the first argument that is not an option of the launcher,
+    or the one after ``--``. It and the arguments after it go to the workers
+    untouched (``--`` and ``-h`` included), as argparse would not leave them.
+    """
+    argv = list(argv)
+    i = 0
+    while i < len(argv):
+        if argv[i] == "--":
+            return argv[:i], argv[i + 1 :]
+        if not argv[i].startswith("-") or argv[i] == "-":
+            return argv[:i], argv[i:]
+        i += 2 if argv[i] in _VALUE_OPTIONS else 1
+    return argv, []
+
+
+def run(args: argparse.Namespace, script_argv: Sequence[str]) -> int:
+    """Runs ``kerastower launch``: prints a `TF_CONFIG` or starts workers.
+
+    Args:
+        args: The launcher's options, as `kerastower.cli` parses them.
+        script_argv: The script (or module) and its arguments.
+
+    Returns:
+        The exit status: that of `launch`, or 0 after printing a `TF_CONFIG`.
+
+    Raises:
+        ValueError: For a usage error, with the message to show.
+    """
+    if args.hosts is not None:
+        if script_argv or args.num_workers or args.towers or args.module:
+            raise ValueError(
+                "`--hosts` prints a TF_CONFIG and starts nothing: leave out the "
+                "script, -n, --towers and -m."
+            )
+        if args.index is None:
+            raise ValueError("`--index` is required with `--hosts`.")
+        config = json.dumps(tf_config_for(args.hosts, args.index))
+        print(f"export TF_CONFIG={shlex.quote(config)}" if args.export else config)
+        return 0
+    if args.index is not None or args.export:
+        raise ValueError("`--index` and `--export` go with `--hosts`.")
+    if not script_argv or args.num_workers is None:
+        raise ValueError("`-n` and a script are required to start workers.")
+    if not args.module and not os.path.exists(script_argv[0]):
+        raise ValueError(
+            f"`script` must be an existing file. Received: script={script_argv[0]!r}"
+        )
+    return launch(
+        script_argv,
+        _check_count("-n", args.num_workers),
+        args.towers,
+        module=args.module,
+        grace_period=args.grace_period,
+    )

@@ -1,0 +1,90 @@
+"""The natural multi-worker script under ``kerastower launch``, against one device.
+
+`tests/workers/natural.py` builds its model before any strategy exists and
+never calls `kerastower.worker_strategy()`. Two and three workers on
+loopback, with equal and mixed tower counts, must train the model one device
+trains on the union of the workers' batches.
+"""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import keras
+import numpy as np
+import pytest
+from oracle import assert_close
+
+SCRIPT = Path(__file__).resolve().parent / "workers" / "natural.py"
+sys.path.insert(0, str(SCRIPT.parent))
+import natural  # noqa: E402
+
+
+def launch(out, workers, towers, family, timeout=300):
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+    env.pop("TF_CONFIG", None)
+    env.pop("KERASTOWER_LOGICAL_DEVICES", None)
+    command = [sys.executable, "-m", "kerastower", "launch", "-n", str(workers)]
+    command += ["--towers", towers, str(SCRIPT), str(out), family]
+    return subprocess.run(
+        command, env=env, capture_output=True, text=True, timeout=timeout
+    )
+
+
+class GlobalBatches(keras.utils.PyDataset):
+    """Step ``s`` of one device: batch ``s`` of every worker, in worker order."""
+
+    def __init__(self, workers):
+        super().__init__()
+        data = [natural.worker_data(i) for i in range(workers)]
+        self.batches = []
+        for start in range(0, len(data[0][0]), natural.BATCH):
+            end = start + natural.BATCH
+            self.batches.append(
+                tuple(np.concatenate([d[k][start:end] for d in data]) for k in (0, 1))
+            )
+
+    def __len__(self):
+        return len(self.batches)
+
+    def __getitem__(self, index):
+        return self.batches[index]
+
+
+def one_device(workers):
+    hidden, out = natural.layers(seed=0)  # the chief's initial weights
+    inputs = keras.Input((natural.FEATURES,))
+    plain = keras.Model(inputs, out(hidden(inputs)))
+    plain.compile(optimizer=keras.optimizers.Adam(0.01), loss="mse", metrics=["mae"])
+    history = plain.fit(
+        GlobalBatches(workers), epochs=natural.EPOCHS, shuffle=False, verbose=0
+    )
+    return plain.get_weights(), history.history
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "workers, towers, family",
+    [
+        (2, "2", "dense"),
+        (2, "2,3", "from_model"),
+        (3, "2,3,1", "subclassed"),
+    ],
+)
+def test_natural_script_trains_the_one_device_model(tmp_path, workers, towers, family):
+    result = launch(tmp_path, workers, towers, family)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    weights, history = one_device(workers)
+    counts = [int(t) for t in towers.split(",")] * (workers if "," not in towers else 1)
+    for index in range(workers):
+        report = json.loads((tmp_path / f"history{index}.json").read_text())
+        assert report["workers"] == workers
+        assert report["towers"] == counts[index]
+        assert_close(report["loss"], history["loss"])
+        assert_close(report["mae"], history["mae"])
+        with np.load(tmp_path / f"worker{index}.npz") as final:
+            trained = [final[f"arr_{k}"] for k in range(len(final.files))]
+        for a, b in zip(weights, trained, strict=True):
+            assert_close(b, a)

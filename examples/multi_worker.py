@@ -60,7 +60,7 @@ def run_worker(args) -> None:
     # --8<-- [start:worker]
 
     kerastower.configure_logical_devices(2)  # no GPU: 2 logical CPUs per worker
-    kerastower.worker_strategy(timeout_seconds=timeout_seconds)  # before any model
+    kerastower.worker_strategy(timeout_seconds=timeout_seconds)  # optional: the timeout
 
     index = kerastower.worker_index()  # from TF_CONFIG, 0 on the chief
     x, y = worker_data(index)  # each worker holds its own examples

@@ -88,3 +88,51 @@ def test_natural_script_trains_the_one_device_model(tmp_path, workers, towers, f
             trained = [final[f"arr_{k}"] for k in range(len(final.files))]
         for a, b in zip(weights, trained, strict=True):
             assert_close(b, a)
+
+
+def _python(code, **env):
+    full = {k: v for k, v in os.environ.items() if not k.startswith("KERASTOWER_")}
+    full.pop("TF_CONFIG", None)
+    full.update(TF_CPP_MIN_LOG_LEVEL="2", **env)
+    return subprocess.run(
+        [sys.executable, "-c", code],
+        env=full,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+TWO_WORKERS = json.dumps(
+    {
+        "cluster": {"worker": ["127.0.0.1:1", "127.0.0.1:2"]},
+        "task": {"type": "worker", "index": 0},
+    }
+)
+
+
+def test_tensorflow_work_before_the_import_gets_an_error_saying_what_to_move():
+    result = _python(
+        "import tensorflow as tf\n"
+        "tf.constant(1.0) + 1.0\n"
+        "import kerastower\n"
+        "kerastower.worker_strategy()\n",
+        TF_CONFIG=TWO_WORKERS,
+    )
+    assert result.returncode != 0
+    assert "Move `import kerastower` above the first layer" in result.stderr
+
+
+def test_logical_devices_come_from_the_environment():
+    result = _python(
+        "import kerastower\nprint(len(kerastower.available_devices()))\n",
+        KERASTOWER_LOGICAL_DEVICES="3",
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.split() == ["3"]
+    bad = _python("import kerastower\n", KERASTOWER_LOGICAL_DEVICES="two")
+    assert bad.returncode != 0
+    assert (
+        "`KERASTOWER_LOGICAL_DEVICES` must be an integer >= 1. "
+        "Received: KERASTOWER_LOGICAL_DEVICES='two'"
+    ) in bad.stderr

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import keras
 import tensorflow as tf
 
-from kerastower import _keras_compat, cluster, multi_worker
+from kerastower import _keras_compat, cluster, custom_step, multi_worker
 from kerastower import devices as devices_lib
 from kerastower._keras_compat import Functional, functional_init_arguments
 from kerastower.strategy import TowerStrategy
@@ -70,10 +70,10 @@ class TowerModel(_keras_compat.TrainerHooks, keras.Model):
     model.fit(x, y, batch_size=10, epochs=2)  # 5 examples per tower
     ```
 
-    A subclass that overrides `train_step` replaces the tower splitting with
-    its own step (a warning says so); override `compute_loss` instead. A
-    subclass without `call` can be built from a graph, as
-    ``MyModel(inputs, outputs)``.
+    A subclass that overrides `train_step` runs its own step, on one device
+    unless it takes its gradients with `tower_gradients` (a warning says
+    so); or override `compute_loss` instead. A subclass without `call` can be
+    built from a graph, as ``MyModel(inputs, outputs)``.
 
     Args:
         *args: Passed to `keras.Model` (e.g. ``inputs, outputs``).
@@ -136,13 +136,7 @@ class TowerModel(_keras_compat.TrainerHooks, keras.Model):
         self._tower_strategy = None
         self._tower_step = TowerStep(self)
         self._gradient_accumulator = None
-        if type(self).train_step is not TowerModel.train_step:
-            warnings.warn(
-                f"{type(self).__name__} overrides `train_step`, so its training "
-                "steps are not split across towers. Override `compute_loss` "
-                "instead to keep tower splitting.",
-                stacklevel=2,
-            )
+        custom_step.warn_if_not_split(type(self), TowerModel.train_step)
 
     @property
     def num_towers(self) -> int:
@@ -201,6 +195,81 @@ class TowerModel(_keras_compat.TrainerHooks, keras.Model):
             with tf.device(self._tower_devices[0]):
                 return super().train_step(data)
         return self._tower_step.train(data)
+
+    def tower_gradients(
+        self,
+        loss_fn: Callable[..., Any],
+        variables: Sequence[keras.Variable],
+        *tensors: Any,
+        has_aux: bool = False,
+    ) -> tuple:
+        """Gradients of a batch's mean loss, computed on the towers.
+
+        For a custom `train_step` (a GAN, a VAE): cuts each of `tensors`, the
+        **global** batch of ``B`` examples on axis 0, into the towers' shards
+        as the built-in step does (``n_i`` examples for tower ``i``, maybe
+        0), runs ``loss_fn(*shards)`` on every tower under a
+        `tf.GradientTape`, and returns what one device computes on the batch:
+
+        ``L = sum_i (n_i / B) * L_i``  and  ``g = sum_i (n_i / B) * dL_i/dw``,
+
+        where ``L_i``, what `loss_fn` returns, is the **mean** loss over the
+        ``n_i`` examples it is given (Keras's ``"sum_over_batch_size"``).
+        Gradients are summed as in the built-in step: sparse ones stay exact
+        for Adam; a compiled loss added through ``self.compute_loss`` is
+        weighted as there. With one tower this is ``tape.gradient`` of
+        ``loss_fn(*tensors)`` on its device. It works in the traced step and
+        with ``run_eagerly=True``. Draw random numbers on the whole batch
+        **before** the call and pass them in: in `loss_fn` each tower would
+        draw its own.
+
+        Example:
+
+        ```python
+        import keras
+
+        import kerastower
+
+
+        class Regressor(kerastower.TowerModel):
+            def train_step(self, data):
+                x, y = data  # the global batch
+
+                def loss_fn(x, y):  # one tower's shard: the mean over it
+                    return keras.ops.mean(keras.ops.square(y - self(x)))
+
+                variables = self.trainable_weights
+                grads, loss = self.tower_gradients(loss_fn, variables, x, y)
+                self.optimizer.apply_gradients(zip(grads, variables))
+                return {"loss": loss}
+        ```
+
+        Args:
+            loss_fn: A callable taking a shard of each of `tensors` and
+                returning the mean loss over its examples, a scalar; with
+                `has_aux`, a pair ``(loss, outputs)``.
+            variables: The list of variables to differentiate, such as
+                ``self.generator.trainable_weights``.
+            *tensors: Tensors (or nests) with the global batch on axis 0.
+            has_aux: Whether `loss_fn` also returns outputs with the examples
+                on axis 0 (predictions, say), concatenated over the towers in
+                input order. Defaults to ``False``.
+
+        Returns:
+            ``(gradients, loss)``, or ``(gradients, loss, outputs)`` with
+            `has_aux`; a gradient (``None`` if unconnected) per variable, and
+            the mean loss over the global batch.
+
+        Raises:
+            ValueError: If an argument is not as described, or the tensors'
+                batch sizes differ (`InvalidArgumentError` when the traced
+                step runs, where they are not known before).
+            RuntimeError: If called inside a `tf.distribute` strategy's scope
+                or replica function, such as inside `loss_fn`.
+        """
+        return custom_step.tower_gradients(
+            self, loss_fn, variables, tensors, has_aux=has_aux
+        )
 
     def test_step(self, data):
         if self.num_towers == 1 and self.num_workers == 1:

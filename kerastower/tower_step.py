@@ -94,17 +94,22 @@ class TowerStep:
                 )
             global_batch_size = batch_size
         else:
+
+            def loss_fn(shard):
+                tx, ty, tsw = shard
+                y_pred = _keras_compat.forward(model, tx, training=True)
+                loss = _keras_compat.compute_loss(
+                    model, tx, ty, y_pred, tsw, training=True
+                )
+                return loss, y_pred
+
             gradients, loss, y_pred, global_batch_size = self.tower_gradients(
-                x, y, sample_weight, trainable
+                loss_fn,
+                trainable,
+                (x, y, sample_weight),
+                scale_loss=model.optimizer.scale_loss,
             )
-        if model.num_workers > 1:
-            connected = [j for j, g in enumerate(gradients) if g is not None]
-            summed = self.sum_over_workers(
-                [loss] + [tf.convert_to_tensor(gradients[j]) for j in connected]
-            )
-            loss = summed[0]
-            for j, grad in zip(connected, summed[1:]):
-                gradients[j] = grad
+            loss, gradients = self.sum_gradients_over_workers(loss, gradients)
         accumulator = model._gradient_accumulator
         if not trainable:
             warnings.warn(
@@ -175,46 +180,63 @@ class TowerStep:
             scaled = model.optimizer.scale_loss(loss)
         return tape.gradient(scaled, trainable), loss, y_pred
 
-    def tower_gradients(self, x, y, sample_weight, trainable):
-        """The one-device gradients, loss and predictions, from the towers."""
-        model = self.model
+    def tower_gradients(self, loss_fn, variables, data, scale_loss=None):
+        """The one-device gradients and loss of `data`, from the towers.
+
+        ``loss_fn(shard)`` returns ``(loss, outputs)``: the shard's loss as
+        one device computes it (weighted by `weigh_loss`) and per-example
+        outputs. Returns ``(gradients, loss, outputs, B)``, summed or
+        concatenated over this worker's towers; ``B`` is the global batch.
+        """
         connected: list[int] = []
 
         def tower_fn(shard, weight, losses):
-            tx, ty, tsw = shard
             with tf.GradientTape() as tape:
-                y_pred = _keras_compat.forward(model, tx, training=True)
-                loss, per_output = self.tower_loss(
-                    tx, ty, y_pred, tsw, weight, losses, training=True
-                )
-                scaled = model.optimizer.scale_loss(loss)
-            grads = tape.gradient(scaled, trainable)
+                loss, outputs = loss_fn(shard)
+                loss, per_output = self.weigh_loss(loss, weight, losses)
+                scaled = loss if scale_loss is None else scale_loss(loss)
+            grads = tape.gradient(scaled, variables)
             connected[:] = [j for j, g in enumerate(grads) if g is not None]
             return (
                 [grads[j] for j in connected],
                 loss,
-                y_pred,
+                outputs,
                 per_output,
-                masks_of(y_pred),
+                masks_of(outputs),
             )
 
         def combine(per_tower):
-            loss, y_pred, per_output, masks = self.combine_losses(per_tower)
+            loss, outputs, per_output, masks = self.combine_losses(per_tower)
             grads = [
                 sum_gradients([t[0][k] for t in per_tower])
                 for k in range(len(connected))
             ]
-            return grads, loss, y_pred, per_output, masks
+            return grads, loss, outputs, per_output, masks
 
-        (grads, loss, y_pred, per_output, masks), total = self.split_run(
-            tower_fn, combine, (x, y, sample_weight)
+        (grads, loss, outputs, per_output, masks), total = self.split_run(
+            tower_fn, combine, data
         )
-        y_pred = with_masks(y_pred, masks)
-        self.update_loss_metrics(per_output, y_pred)
-        gradients = [None] * len(trainable)
+        outputs = with_masks(outputs, masks)
+        self.update_loss_metrics(
+            per_output, outputs if tf.nest.flatten(outputs) else data
+        )
+        gradients = [None] * len(variables)
         for k, j in enumerate(connected):
             gradients[j] = grads[k]
-        return gradients, loss, y_pred, total
+        return gradients, loss, outputs, total
+
+    def sum_gradients_over_workers(self, loss, gradients):
+        """Sums the loss and gradients over the workers (identity on one)."""
+        if self.model.num_workers == 1:
+            return loss, gradients
+        gradients = list(gradients)
+        connected = [j for j, g in enumerate(gradients) if g is not None]
+        summed = self.sum_over_workers(
+            [loss] + [tf.convert_to_tensor(gradients[j]) for j in connected]
+        )
+        for j, grad in zip(connected, summed[1:]):
+            gradients[j] = grad
+        return summed[0], gradients
 
     # -- running the towers ------------------------------------------------
 
@@ -327,6 +349,13 @@ class TowerStep:
         loss = _keras_compat.compute_loss(
             self.model, x, y, y_pred, sample_weight, training=training
         )
+        return self.weigh_loss(loss, weight, losses)
+
+    def weigh_loss(self, loss, weight, losses):
+        """A tower's loss as one device computes it, weighted by its share.
+
+        Returns it and the per-output losses; see `kerastower.loss_weighting`.
+        """
         records = losses.records.pop(tf.distribute.get_replica_context(), [])
         factors = weigh_compiled_losses(records, losses.global_batch)
         per_output = []
@@ -355,9 +384,9 @@ class TowerStep:
         y_pred = concat_nest([with_masks(t[2], t[4]) for t in per_tower])
         return loss, y_pred, per_output, masks_of(y_pred)
 
-    def update_loss_metrics(self, per_output, y_pred):
+    def update_loss_metrics(self, per_output, batch):
         """Updates Keras's per-output loss metrics once, with global values."""
-        batch_dim = first_leaf(y_pred).shape[0]
+        batch_dim = first_leaf(batch).shape[0]
         metrics = _keras_compat.per_output_loss_metrics(self.model)
         for metric, value in zip(metrics, self.sum_over_workers(per_output)):
             metric.update_state(value, sample_weight=batch_dim)

@@ -25,6 +25,7 @@ RUNS = {
         "global batch 30 -> per tower [10, 10, 10]",
     ),
     "custom_compute_loss.py": (["--epochs", "1"], "max |w_towers - w_one_device|"),
+    "dcgan_towers.py": (["--epochs", "1"], "max |w_towers - w_one_device|"),
     "gradient_accumulation.py": (
         ["--epochs", "1"],
         "optimizer steps: 5 with accumulation, 5 on one device",
@@ -32,6 +33,10 @@ RUNS = {
     "checkpoint_resume.py": (
         ["--epochs", "3", "--crash-after", "1", "--dir", "{tmp}"],
         "resumed run trained epochs 2 to 3",
+    ),
+    "preemption.py": (
+        ["--dir", "{tmp}"],
+        "max |w_resumed - w_uninterrupted| = 0.0e+00",
     ),
     "one_machine.py": (["--epochs", "1"], "predicts the same: True"),
     "batch_scaling.py": (

@@ -1,5 +1,6 @@
 """The public API is pinned: adding or removing a name is a decision."""
 
+import inspect
 import re
 
 import kerastower
@@ -40,3 +41,11 @@ def test_callback_names():
 
 def test_version_is_a_version():
     assert re.match(r"^\d+\.\d+\.\d+", kerastower.__version__)
+
+
+def test_tower_gradients_signature():
+    parameters = inspect.signature(kerastower.TowerModel.tower_gradients).parameters
+    assert list(parameters) == ["self", "loss_fn", "variables", "tensors", "has_aux"]
+    assert parameters["tensors"].kind is inspect.Parameter.VAR_POSITIONAL
+    assert parameters["has_aux"].kind is inspect.Parameter.KEYWORD_ONLY
+    assert parameters["has_aux"].default is False

@@ -167,6 +167,48 @@ def all_reduce_sum(strategy: tf.distribute.Strategy, values: Any) -> Any:
     return tf.nest.pack_sequence_as(values, first)
 
 
+def sum_over_workers(model, values: Any) -> Any:
+    """Sums a nest of tensors over the workers of `model` (identity on one).
+
+    Args:
+        model: A `kerastower.TowerModel`.
+        values: A nest of tensors, the same structure on every worker.
+
+    Returns:
+        The nest of sums over workers.
+    """
+    if model.num_workers == 1:
+        return values
+    return all_reduce_sum(model._worker_strategy, values)
+
+
+def metric_results_over_workers(model, update_metrics) -> dict:
+    """Runs `update_metrics` and makes every metric of `model` count all workers.
+
+    Keras metrics keep additive state (totals and counts), so summing each
+    worker's change of state gives the state of one metric fed every worker's
+    examples.
+
+    Args:
+        model: A `kerastower.TowerModel`.
+        update_metrics: A function updating the metrics with this worker's
+            examples.
+
+    Returns:
+        The model's metric results, over all workers.
+    """
+    if model.num_workers == 1:
+        return update_metrics()
+    variables = [v for m in model.metrics for v in m.variables]
+    before = [tf.identity(v) for v in variables]
+    with tf.control_dependencies(before):
+        update_metrics()
+    deltas = [v - b for v, b in zip(variables, before)]
+    for variable, old, delta in zip(variables, before, sum_over_workers(model, deltas)):
+        variable.assign(old + delta)
+    return model.get_metrics_result()
+
+
 def broadcast_from_chief(
     strategy: tf.distribute.Strategy, variables: list[tf.Variable]
 ) -> None:

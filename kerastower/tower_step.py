@@ -127,7 +127,7 @@ class TowerStep:
             )
             return model.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
 
-        return self.metric_results_over_workers(update_metrics)
+        return multi_worker.metric_results_over_workers(self.model, update_metrics)
 
     def test(self, data) -> dict:
         """One evaluation step on the global batch `data`; returns the logs."""
@@ -146,7 +146,7 @@ class TowerStep:
             tower_fn, self.combine_losses, (x, y, sample_weight)
         )
         y_pred = with_masks(y_pred, masks)
-        loss = self.sum_over_workers(loss)
+        loss = multi_worker.sum_over_workers(self.model, loss)
         self.update_loss_metrics(per_output, y_pred)
 
         def update_metrics():
@@ -155,7 +155,7 @@ class TowerStep:
             )
             return model.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
 
-        return self.metric_results_over_workers(update_metrics)
+        return multi_worker.metric_results_over_workers(self.model, update_metrics)
 
     def predict(self, data):
         """Predictions for the global batch `data`, in input order."""
@@ -231,8 +231,8 @@ class TowerStep:
             return loss, gradients
         gradients = list(gradients)
         connected = [j for j, g in enumerate(gradients) if g is not None]
-        summed = self.sum_over_workers(
-            [loss] + [tf.convert_to_tensor(gradients[j]) for j in connected]
+        summed = multi_worker.sum_over_workers(
+            self.model, [loss] + [tf.convert_to_tensor(gradients[j]) for j in connected]
         )
         for j, grad in zip(connected, summed[1:]):
             gradients[j] = grad
@@ -257,7 +257,7 @@ class TowerStep:
         model = self.model
         batch = tf.shape(first_leaf(data))[0]
         total = (
-            self.sum_over_workers(tf.cast(batch, tf.float32))
+            multi_worker.sum_over_workers(self.model, tf.cast(batch, tf.float32))
             if across_workers
             else tf.cast(batch, tf.float32)
         )
@@ -388,35 +388,7 @@ class TowerStep:
         """Updates Keras's per-output loss metrics once, with global values."""
         batch_dim = first_leaf(batch).shape[0]
         metrics = _keras_compat.per_output_loss_metrics(self.model)
-        for metric, value in zip(metrics, self.sum_over_workers(per_output)):
-            metric.update_state(value, sample_weight=batch_dim)
-
-    # -- workers ------------------------------------------------------------
-
-    def sum_over_workers(self, values):
-        """Sums a nest of tensors over the workers (identity on one)."""
-        model = self.model
-        if model.num_workers == 1:
-            return values
-        return multi_worker.all_reduce_sum(model._worker_strategy, values)
-
-    def metric_results_over_workers(self, update_metrics):
-        """Runs `update_metrics` and makes every metric count all workers.
-
-        Keras metrics keep additive state (totals and counts), so summing each
-        worker's change of state gives the state of one metric fed every
-        worker's examples.
-        """
-        model = self.model
-        if model.num_workers == 1:
-            return update_metrics()
-        variables = [v for m in model.metrics for v in m.variables]
-        before = [tf.identity(v) for v in variables]
-        with tf.control_dependencies(before):
-            update_metrics()
-        deltas = [v - b for v, b in zip(variables, before)]
-        for variable, old, delta in zip(
-            variables, before, self.sum_over_workers(deltas)
+        for metric, value in zip(
+            metrics, multi_worker.sum_over_workers(self.model, per_output)
         ):
-            variable.assign(old + delta)
-        return model.get_metrics_result()
+            metric.update_state(value, sample_weight=batch_dim)

@@ -50,3 +50,31 @@ def test_the_error_names_the_hook_and_the_versions():
     assert "keras.Model._compute_loss" in text
     assert keras.__version__ in text
     assert _keras_compat.SUPPORTED_KERAS in text
+
+
+def test_the_fence_states_the_range_pyproject_declares():
+    import tomllib
+    from pathlib import Path
+
+    from kerastower._keras_compat import errors
+
+    project = tomllib.loads(
+        (Path(__file__).resolve().parents[1] / "pyproject.toml").read_text()
+    )["project"]
+    assert f"keras{errors.SUPPORTED_KERAS}" in project["dependencies"]
+    cpu = project["optional-dependencies"]["cpu"]
+    assert cpu == [f"tensorflow-cpu{errors.SUPPORTED_TENSORFLOW}"]
+
+
+def test_a_removed_tensorflow_hook_is_an_error_naming_it(monkeypatch):
+    from tensorflow.python.eager import context
+
+    from kerastower._keras_compat import collectives
+
+    monkeypatch.delattr(type(context.context()), "ensure_initialized")
+    ctx = context.context()
+    with pytest.raises(_keras_compat.KerasCompatibilityError) as info:
+        collectives._attribute(ctx, "ensure_initialized", "Context")
+    text = str(info.value)
+    assert "TensorFlow hook `Context.ensure_initialized`" in text
+    assert _keras_compat.SUPPORTED_TENSORFLOW in text

@@ -29,6 +29,7 @@ from kerastower._keras_compat.collectives import (
 )
 from kerastower._keras_compat.errors import (
     SUPPORTED_KERAS,
+    SUPPORTED_TENSORFLOW,
     KerasCompatibilityError,
     _attribute,
     _fail,
@@ -62,6 +63,7 @@ from kerastower._keras_compat.trainer import (
 
 __all__ = [
     "SUPPORTED_KERAS",
+    "SUPPORTED_TENSORFLOW",
     "NORMALISED_REDUCTIONS",
     "CheckpointHooks",
     "Functional",

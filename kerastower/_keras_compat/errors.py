@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import keras
 
-SUPPORTED_KERAS = ">=3.15,<4"
-SUPPORTED_TENSORFLOW = ">=2.16.2"
+SUPPORTED_KERAS = ">=3.14,<3.16"
+SUPPORTED_TENSORFLOW = ">=2.16.2,<2.22"
 
 _MISSING = object()
 

@@ -142,7 +142,7 @@ def _check_tensors(tensors: tuple) -> tuple:
         )
     if len(known) < len(leaves):
         batch = tf.shape(leaves[0])[0]
-        for leaf in leaves[1:]:
+        checks = [
             tf.debugging.assert_equal(
                 tf.shape(leaf)[0],
                 batch,
@@ -150,6 +150,13 @@ def _check_tensors(tensors: tuple) -> tuple:
                     "Every tensor must have the same batch size (axis 0), the "
                     "global batch that is split over the towers."
                 ),
+            )
+            for leaf in leaves[1:]
+        ]
+        # The check must run before any op that would fail on the mismatch.
+        with tf.control_dependencies([c for c in checks if c is not None]):
+            tensors = tf.nest.map_structure(
+                lambda t: None if t is None else tf.identity(t), tensors
             )
     return tensors
 

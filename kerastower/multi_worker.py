@@ -167,6 +167,41 @@ def all_reduce_sum(strategy: tf.distribute.Strategy, values: Any) -> Any:
     return tf.nest.pack_sequence_as(values, first)
 
 
+def gather_slices(
+    strategy: tf.distribute.Strategy, slices: list[tf.IndexedSlices]
+) -> list[tf.IndexedSlices]:
+    """Concatenates each worker's `tf.IndexedSlices`, in worker order.
+
+    The sparse counterpart of `all_reduce_sum`: rows stay rows (duplicate
+    indices are kept, as one device fed every worker's examples would have
+    them), so a large embedding table is never densified. Each worker
+    contributes once, even with several local replicas.
+
+    Args:
+        strategy: A `MultiWorkerMirroredStrategy`.
+        slices: The same number of slices on every worker.
+
+    Returns:
+        The gathered slices, the same on every worker.
+    """
+    local = strategy.num_replicas_in_sync // num_workers_of(strategy)
+
+    def gather(flat):
+        context = tf.distribute.get_replica_context()
+        first = tf.equal(context.replica_id_in_sync_group % local, 0)
+        out = []
+        for piece in flat:
+            rows = tf.where(first, tf.shape(piece.indices)[0], 0)
+            mine = tf.IndexedSlices(
+                piece.values[:rows], piece.indices[:rows], piece.dense_shape
+            )
+            out.append(context.all_reduce(tf.distribute.ReduceOp.SUM, mine))
+        return out
+
+    gathered = strategy.run(gather, args=(list(slices),))
+    return [strategy.experimental_local_results(g)[0] for g in gathered]
+
+
 def sum_over_workers(model, values: Any) -> Any:
     """Sums a nest of tensors over the workers of `model` (identity on one).
 

@@ -98,11 +98,30 @@ def sum_gradients(per_tower: Sequence[Any]) -> Any:
         return tf.add_n(list(per_tower))
     values = tf.concat([g.values for g in per_tower], axis=0)
     indices = tf.concat([g.indices for g in per_tower], axis=0)
-    if all(g.values.shape[:1].is_fully_defined() for g in per_tower):
-        unique, position = tf.unique(indices)
-        values = tf.math.unsorted_segment_sum(values, position, tf.size(unique))
-        indices = unique
-    return tf.IndexedSlices(values, indices, first.dense_shape)
+    summed = tf.IndexedSlices(values, indices, first.dense_shape)
+    if has_static_rows(per_tower):
+        return merge_rows(summed)
+    return summed
+
+
+def has_static_rows(per_tower: Sequence[Any]) -> bool:
+    """Whether sparse per-tower gradients gather a fixed set of rows.
+
+    A table gathered once per batch (static row count) is gathered once by
+    one device, so the towers' (and workers') rows are merged by index; a
+    gather of the examples' ids (row count unknown) is concatenated.
+    """
+    return all(
+        isinstance(g, tf.IndexedSlices) and g.values.shape[:1].is_fully_defined()
+        for g in per_tower
+    )
+
+
+def merge_rows(slices: tf.IndexedSlices) -> tf.IndexedSlices:
+    """Sums the rows of `slices` that share an index (one row per index)."""
+    unique, position = tf.unique(slices.indices)
+    values = tf.math.unsorted_segment_sum(slices.values, position, tf.size(unique))
+    return tf.IndexedSlices(values, unique, slices.dense_shape)
 
 
 def local_results(strategy: tf.distribute.Strategy, outputs: Any) -> list[Any]:

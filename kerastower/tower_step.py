@@ -33,8 +33,10 @@ from kerastower.loss_weighting import TowerLoss, weigh_compiled_losses
 from kerastower.sharding import (
     concat_nest,
     first_leaf,
+    has_static_rows,
     local_results,
     masks_of,
+    merge_rows,
     split_nest,
     sum_gradients,
     with_masks,
@@ -78,6 +80,10 @@ class TowerStep:
 
     def __init__(self, model):
         self.model = model
+        # Which sparse gradients gather a fixed set of rows: found by
+        # `tower_gradients`, used by the `sum_gradients_over_workers` that
+        # follows it in the same step.
+        self._static_rows: set[int] = set()
 
     # -- one step ---------------------------------------------------------
 
@@ -205,12 +211,17 @@ class TowerStep:
                 masks_of(outputs),
             )
 
+        static_rows: dict[int, bool] = {}
+
         def combine(per_tower):
             loss, outputs, per_output, masks = self.combine_losses(per_tower)
             grads = [
                 sum_gradients([t[0][k] for t in per_tower])
                 for k in range(len(connected))
             ]
+            for k, j in enumerate(connected):  # both branches must agree
+                rows = has_static_rows([t[0][k] for t in per_tower])
+                static_rows[j] = static_rows.get(j, True) and rows
             return grads, loss, outputs, per_output, masks
 
         (grads, loss, outputs, per_output, masks), total = self.split_run(
@@ -223,6 +234,7 @@ class TowerStep:
         gradients = [None] * len(variables)
         for k, j in enumerate(connected):
             gradients[j] = grads[k]
+        self._static_rows = {j for j, rows in static_rows.items() if rows}
         return gradients, loss, outputs, total
 
     def sum_gradients_over_workers(self, loss, gradients):
@@ -230,12 +242,20 @@ class TowerStep:
         if self.model.num_workers == 1:
             return loss, gradients
         gradients = list(gradients)
-        connected = [j for j, g in enumerate(gradients) if g is not None]
+        dense = [j for j, g in enumerate(gradients) if isinstance(g, tf.Tensor)]
+        sparse = [j for j, g in enumerate(gradients) if isinstance(g, tf.IndexedSlices)]
         summed = multi_worker.sum_over_workers(
-            self.model, [loss] + [tf.convert_to_tensor(gradients[j]) for j in connected]
+            self.model, [loss] + [gradients[j] for j in dense]
         )
-        for j, grad in zip(connected, summed[1:]):
+        for j, grad in zip(dense, summed[1:]):
             gradients[j] = grad
+        if sparse:
+            # Rows, not sums: Adam and friends treat each row on its own.
+            gathered = multi_worker.gather_slices(
+                self.model._worker_strategy, [gradients[j] for j in sparse]
+            )
+            for j, grad in zip(sparse, gathered):
+                gradients[j] = merge_rows(grad) if j in self._static_rows else grad
         return summed[0], gradients
 
     # -- running the towers ------------------------------------------------

@@ -50,8 +50,34 @@ class Subclassed(kerastower.TowerModel):
         return self.out(self.hidden(x))
 
 
+class Positions(keras.layers.Layer):
+    """Adds a position table gathered once per batch (static rows)."""
+
+    def build(self, shape):
+        self.table = self.add_weight(shape=tuple(shape[1:]), name="table")
+
+    def call(self, x):
+        positions = keras.ops.arange(keras.ops.shape(x)[1])
+        return x + keras.ops.take(self.table, positions, axis=0)[None]
+
+
+def embedding_graph(seed: int):
+    """Token embeddings (rows that workers share) plus positions, and Adam."""
+    keras.utils.set_random_seed(seed)
+    inputs = keras.Input((FEATURES,), dtype="int32")
+    rows = Positions()(keras.layers.Embedding(6, 3)(inputs))
+    return inputs, keras.layers.Dense(1)(keras.layers.Flatten()(rows))
+
+
+def tokens(x):
+    """Token ids for the "embedding" family: few ids, so workers share rows."""
+    return (np.abs(x) * 3).astype("int32") % 6
+
+
 def build(family: str, seed: int):
     """The model, built before any strategy exists."""
+    if family == "embedding":
+        return kerastower.TowerModel(*embedding_graph(seed))
     if family == "subclassed":
         model = Subclassed(seed)
         model(np.zeros((1, FEATURES), "float32"))
@@ -69,6 +95,10 @@ def main(out: str, family: str) -> None:
     x, y = worker_data(index)
     # Different seeds on purpose: every worker starts from the chief's weights.
     model = build(family, seed=index)
+    if family == "embedding":
+        x = tokens(x)
+    if index == 0:
+        np.savez(os.path.join(out, "initial.npz"), *model.get_weights())
     model.compile(optimizer=keras.optimizers.Adam(0.01), loss="mse", metrics=["mae"])
     history = model.fit(x, y, batch_size=BATCH, epochs=EPOCHS, shuffle=False, verbose=0)
     np.savez(os.path.join(out, f"worker{index}.npz"), *model.get_weights())

@@ -20,7 +20,7 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from kerastower import _keras_compat, cluster
+from kerastower import _keras_compat, cluster, sharding
 
 DEFAULT_TIMEOUT_SECONDS = 600.0
 _STRATEGY: tf.distribute.Strategy | None = None
@@ -215,6 +215,39 @@ def sum_over_workers(model, values: Any) -> Any:
     if model.num_workers == 1:
         return values
     return all_reduce_sum(model._worker_strategy, values)
+
+
+def sum_gradients_over_workers(model, loss, gradients, static_rows=frozenset()):
+    """Sums a step's loss and gradients over the workers of `model`.
+
+    Dense gradients are summed. Sparse ones keep their rows (`gather_slices`),
+    as one device fed every worker's examples would have them, since Adam and
+    friends treat each row on its own; a table every tower gathers whole (its
+    index in `static_rows`, see `sharding.has_static_rows`) is then merged
+    by index, as one device gathers it once.
+
+    Args:
+        model: A `kerastower.TowerModel`.
+        loss: This worker's share of the step's loss.
+        gradients: This worker's gradients, ``None`` where unconnected.
+        static_rows: Indices of `gradients` whose rows are a fixed set.
+
+    Returns:
+        ``(loss, gradients)`` over all workers; unchanged on one worker.
+    """
+    if model.num_workers == 1:
+        return loss, gradients
+    gradients = list(gradients)
+    dense = [j for j, g in enumerate(gradients) if isinstance(g, tf.Tensor)]
+    sparse = [j for j, g in enumerate(gradients) if isinstance(g, tf.IndexedSlices)]
+    summed = sum_over_workers(model, [loss] + [gradients[j] for j in dense])
+    for j, grad in zip(dense, summed[1:]):
+        gradients[j] = grad
+    if sparse:
+        gathered = gather_slices(model._worker_strategy, [gradients[j] for j in sparse])
+        for j, grad in zip(sparse, gathered):
+            gradients[j] = sharding.merge_rows(grad) if j in static_rows else grad
+    return summed[0], gradients
 
 
 def metric_results_over_workers(model, update_metrics) -> dict:

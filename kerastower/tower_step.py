@@ -36,7 +36,6 @@ from kerastower.sharding import (
     has_static_rows,
     local_results,
     masks_of,
-    merge_rows,
     split_nest,
     sum_gradients,
     with_masks,
@@ -239,24 +238,9 @@ class TowerStep:
 
     def sum_gradients_over_workers(self, loss, gradients):
         """Sums the loss and gradients over the workers (identity on one)."""
-        if self.model.num_workers == 1:
-            return loss, gradients
-        gradients = list(gradients)
-        dense = [j for j, g in enumerate(gradients) if isinstance(g, tf.Tensor)]
-        sparse = [j for j, g in enumerate(gradients) if isinstance(g, tf.IndexedSlices)]
-        summed = multi_worker.sum_over_workers(
-            self.model, [loss] + [gradients[j] for j in dense]
+        return multi_worker.sum_gradients_over_workers(
+            self.model, loss, gradients, self._static_rows
         )
-        for j, grad in zip(dense, summed[1:]):
-            gradients[j] = grad
-        if sparse:
-            # Rows, not sums: Adam and friends treat each row on its own.
-            gathered = multi_worker.gather_slices(
-                self.model._worker_strategy, [gradients[j] for j in sparse]
-            )
-            for j, grad in zip(sparse, gathered):
-                gradients[j] = merge_rows(grad) if j in self._static_rows else grad
-        return summed[0], gradients
 
     # -- running the towers ------------------------------------------------
 

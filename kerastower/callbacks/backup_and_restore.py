@@ -16,22 +16,13 @@ from kerastower import _keras_compat, cluster, multi_worker
 from kerastower.callbacks.checkpoint_files import (
     TEMP_PREFIX,
     fsync,
+    remove_leftovers,
     remove_quietly,
+    write_atomically,
 )
 
 POINTER = "latest.json"
 """The file naming the latest complete backup; it is replaced atomically."""
-
-
-def _write_atomically(path: str, write) -> None:
-    directory = os.path.dirname(path) or os.curdir
-    temp = os.path.join(directory, f"{TEMP_PREFIX}{os.path.basename(path)}")
-    try:
-        write(temp)
-        fsync(temp)
-        os.replace(temp, path)
-    finally:
-        remove_quietly(temp)
 
 
 class BackupAndRestore(keras.callbacks.Callback):
@@ -173,17 +164,17 @@ class BackupAndRestore(keras.callbacks.Callback):
 
     def _save(self, epoch: int, step: int) -> None:
         """Backs up the state after `step` steps of `epoch` (chief writes)."""
-        metrics = [np.asarray(v.numpy()) for v in self._metric_variables()]
-        window = [np.asarray(v.numpy()) for v in self._window_variables()]
         if not cluster.is_chief(self.model.distribute_strategy):
             return
+        metrics = [np.asarray(v.numpy()) for v in self._metric_variables()]
+        window = [np.asarray(v.numpy()) for v in self._window_variables()]
         os.makedirs(self.backup_dir, exist_ok=True)
         pointer = os.path.join(self.backup_dir, POINTER)
         previous = self._read_pointer()
         backup_id = (previous["id"] + 1) if previous else 0
         weights = f"backup-{backup_id}.weights.h5"
         arrays = f"backup-{backup_id}.npz"
-        _write_atomically(
+        write_atomically(
             os.path.join(self.backup_dir, weights),
             lambda path: self.model.save_weights(path, overwrite=True),
         )
@@ -192,7 +183,7 @@ class BackupAndRestore(keras.callbacks.Callback):
             with open(path, "wb") as f:
                 np.savez(f, *metrics, *window)
 
-        _write_atomically(os.path.join(self.backup_dir, arrays), save_arrays)
+        write_atomically(os.path.join(self.backup_dir, arrays), save_arrays)
         state = dict(
             id=backup_id,
             epoch=epoch,
@@ -207,7 +198,7 @@ class BackupAndRestore(keras.callbacks.Callback):
             with open(path, "w") as f:
                 json.dump(state, f)
 
-        _write_atomically(pointer, save_pointer)
+        write_atomically(pointer, save_pointer)
         fsync(self.backup_dir, directory=True)
         if previous:
             for name in (previous["weights"], previous["arrays"]):
@@ -227,6 +218,8 @@ class BackupAndRestore(keras.callbacks.Callback):
         self._signalled.clear()
         self._install_handlers()
         self._pending = None
+        if cluster.is_chief(self.model.distribute_strategy):
+            remove_leftovers(self.backup_dir)  # writes a kill cut short
         state = self._read_pointer()
         if state is None:
             return
@@ -311,14 +304,11 @@ class BackupAndRestore(keras.callbacks.Callback):
             return
         if not cluster.is_chief(self.model.distribute_strategy):
             return
-        if os.path.isdir(self.backup_dir):
-            for name in os.listdir(self.backup_dir):
-                if name == POINTER or name.startswith(("backup-", TEMP_PREFIX)):
-                    remove_quietly(os.path.join(self.backup_dir, name))
-            try:
-                os.rmdir(self.backup_dir)  # only when nothing else is there
-            except OSError:
-                pass
+        remove_leftovers(self.backup_dir, (POINTER, "backup-", TEMP_PREFIX))
+        try:
+            os.rmdir(self.backup_dir)  # only when nothing else is there
+        except OSError:
+            pass
 
     # -- preemption ---------------------------------------------------------
 

@@ -11,6 +11,8 @@ from __future__ import annotations
 import os
 import re
 import string
+import uuid
+from collections.abc import Callable
 
 TEMP_PREFIX = ".kerastower-tmp-"
 """Names of the chief's in-progress files start with this; they never match."""
@@ -177,3 +179,35 @@ def remove_quietly(path: str) -> None:
         os.remove(path)
     except OSError:
         pass
+
+
+def write_atomically(path: str, write: Callable[[str], None]) -> None:
+    """Writes `path` whole or not at all.
+
+    ``write(temp)`` writes a hidden temporary file (named with `TEMP_PREFIX`)
+    in the directory of `path`; it is flushed to disk and renamed onto `path`.
+    On any error the temporary file is removed and the error propagates, and
+    whatever was at `path` before is intact.
+    """
+    directory = os.path.dirname(path) or os.curdir
+    name = f"{TEMP_PREFIX}{uuid.uuid4().hex[:12]}-{os.path.basename(path)}"
+    temp = os.path.join(directory, name)
+    try:
+        write(temp)
+        fsync(temp)
+        os.replace(temp, path)
+    except BaseException:
+        remove_quietly(temp)
+        raise
+
+
+def remove_leftovers(
+    directory: str, prefixes: tuple[str, ...] = (TEMP_PREFIX,)
+) -> None:
+    """Removes the files of `directory` whose names start with `prefixes`:
+    by default the temporary files of writes a killed process left."""
+    if not os.path.isdir(directory):
+        return
+    for name in os.listdir(directory):
+        if name.startswith(prefixes):
+            remove_quietly(os.path.join(directory, name))

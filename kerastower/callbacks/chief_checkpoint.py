@@ -6,7 +6,6 @@ import math
 import os
 import shutil
 import tempfile
-import uuid
 import warnings
 
 import keras
@@ -18,8 +17,9 @@ from kerastower.callbacks.checkpoint_files import (
     fsync,
     latest_checkpoint,
     name_regex,
-    remove_quietly,
+    remove_leftovers,
     static_dir,
+    write_atomically,
     write_error,
 )
 
@@ -232,9 +232,7 @@ class ChiefCheckpoint(_keras_compat.CheckpointHooks, keras.callbacks.ModelCheckp
                 "ChiefCheckpoint cannot write to the checkpoint directory "
                 f"{directory!r} ({error}). Received: filepath={self.filepath}"
             ) from error
-        for name in os.listdir(directory):
-            if name.startswith(TEMP_PREFIX):
-                remove_quietly(os.path.join(directory, name))
+        remove_leftovers(directory)
 
     def _restore(self) -> None:
         path = latest_checkpoint(self.filepath)
@@ -299,18 +297,10 @@ class ChiefCheckpoint(_keras_compat.CheckpointHooks, keras.callbacks.ModelCheckp
             os.makedirs(directory, exist_ok=True)
         except OSError as error:
             raise write_error("create the directory of", filepath, error) from error
-        name = f"{TEMP_PREFIX}{uuid.uuid4().hex[:12]}-{os.path.basename(filepath)}"
-        temp = os.path.join(directory, name)
         try:
-            self._save_to(temp)
-            fsync(temp)
-            os.replace(temp, filepath)
+            write_atomically(filepath, self._save_to)
         except OSError as error:
-            remove_quietly(temp)
             raise write_error("write the checkpoint", filepath, error) from error
-        except BaseException:
-            remove_quietly(temp)
-            raise
         fsync(directory, directory=True)
 
     def _save_and_discard(self, filepath: str) -> None:

@@ -212,3 +212,37 @@ def test_ten_kills_at_random_moments_leave_whole_backups_and_exact_resumes(
         assert_same_run(references[name], out, workers=workers)
     assert len(trials) >= 10
     print("kill trials (scenario, backup position after the kill):", trials)
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (
+            dict(backup_dir=""),
+            "`backup_dir` must be a directory path. Received: backup_dir=''",
+        ),
+        (
+            dict(save_freq=0),
+            "`save_freq` must be 'epoch' or an integer >= 1. Received: save_freq=0",
+        ),
+        (dict(save_freq="batch"), "Received: save_freq='batch'"),
+        (dict(grace_period=0), "`grace_period` must be > 0. Received: grace_period=0"),
+        (dict(grace_period="30"), "Received: grace_period='30'"),
+        (
+            dict(exit_code=1.5),
+            "`exit_code` must be an integer or None. Received: exit_code=1.5",
+        ),
+        (
+            dict(signals=signal.SIGTERM),
+            "`signals` must be a sequence of signal numbers",
+        ),
+        (dict(signals=("SIGTERM",)), "Received: signals=('SIGTERM',)"),
+    ],
+)
+def test_bad_arguments_name_the_argument_and_the_value(kwargs, message):
+    import kerastower
+
+    arguments = {"backup_dir": "backup", **kwargs}
+    with pytest.raises(ValueError) as info:
+        kerastower.callbacks.BackupAndRestore(**arguments)
+    assert message in str(info.value)

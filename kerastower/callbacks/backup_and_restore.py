@@ -125,9 +125,29 @@ class BackupAndRestore(keras.callbacks.Callback):
                 "`save_freq` must be 'epoch' or an integer >= 1. "
                 f"Received: save_freq={save_freq!r}"
             )
-        if not grace_period > 0:
+        if (
+            isinstance(grace_period, bool)
+            or not isinstance(grace_period, (int, float))
+            or not grace_period > 0
+        ):
             raise ValueError(
                 f"`grace_period` must be > 0. Received: grace_period={grace_period!r}"
+            )
+        if exit_code is not None and (
+            isinstance(exit_code, bool) or not isinstance(exit_code, int)
+        ):
+            raise ValueError(
+                "`exit_code` must be an integer or None. "
+                f"Received: exit_code={exit_code!r}"
+            )
+        valid = {int(s) for s in signal.Signals}
+        if isinstance(signals, (str, bytes, int)) or any(
+            isinstance(s, bool) or not isinstance(s, int) or int(s) not in valid
+            for s in signals
+        ):
+            raise ValueError(
+                "`signals` must be a sequence of signal numbers, such as "
+                f"(signal.SIGTERM,). Received: signals={signals!r}"
             )
         self.backup_dir = os.fspath(backup_dir)
         self.save_freq = save_freq

@@ -8,11 +8,11 @@ one device's `tf.nn.moments` does, so that they are as accurate:
 ``variance = sum_i Q_i / sum_i C_i`` with ``Q_i = sum (x - mean)^2``,
 
 where ``S_i``, ``C_i`` and ``Q_i`` are tower ``i``'s sum, count and sum of
-squared deviations over the reduction axes, each summed over towers with
-one all-reduce. Keras's own ``synchronized=True`` computes
-``E[x^2] - E[x]^2`` in one pass instead, which loses float32 precision where
-the variance is small against the squared mean (deep convnets), and it does
-not synchronise masked inputs at all.
+squared deviations over the reduction axes, each summed over the towers of
+every worker with one all-reduce (`kerastower.tower_sum`). Keras's own
+``synchronized=True`` computes ``E[x^2] - E[x]^2`` in one pass instead, which
+loses float32 precision where the variance is small against the squared mean
+(deep convnets), and it does not synchronise masked inputs at all.
 
 With a Keras mask the counts are those of the unmasked positions, and the
 divisions add Keras's ``epsilon()`` to the count, as the layer does on one
@@ -21,22 +21,28 @@ device.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+
 import keras
 import tensorflow as tf
 
-
-def _sum_over_towers(values: list[tf.Tensor]) -> list[tf.Tensor]:
-    context = tf.distribute.get_replica_context()
-    return context.all_reduce(tf.distribute.ReduceOp.SUM, values)
+from kerastower.loss_weighting import sum_over_towers
 
 
-def global_moments(inputs: tf.Tensor, axes, mask: tf.Tensor | None = None):
+def global_moments(
+    inputs: tf.Tensor,
+    axes,
+    mask: tf.Tensor | None = None,
+    sum_fn: Callable[[Sequence[tf.Tensor]], list[tf.Tensor]] = sum_over_towers,
+):
     """The mean and variance of `inputs` over `axes` and over all towers.
 
     Args:
         inputs: This tower's activations.
         axes: The reduction axes (every axis but the feature axis).
         mask: A Keras mask over the leading axes of `inputs`, or ``None``.
+        sum_fn: Sums a list of tensors over every tower (of every worker:
+            a `kerastower.tower_sum.TowerSum`).
 
     Returns:
         ``(mean, variance)``, squeezed to the feature axis, in the dtype of
@@ -49,13 +55,13 @@ def global_moments(inputs: tf.Tensor, axes, mask: tf.Tensor | None = None):
         weights = None
         count = tf.cast(tf.reduce_prod(tf.gather(tf.shape(x), axes)), x.dtype)
         count = tf.reshape(count, [1] * x.shape.rank)
-        total, count = _sum_over_towers([tf.reduce_sum(x, axes, keepdims=True), count])
+        total, count = sum_fn([tf.reduce_sum(x, axes, keepdims=True), count])
         divisor = count
     else:
         weights = tf.cast(
             tf.broadcast_to(tf.expand_dims(mask, -1), tf.shape(x)), x.dtype
         )
-        total, count = _sum_over_towers(
+        total, count = sum_fn(
             [
                 tf.reduce_sum(x * weights, axes, keepdims=True),
                 tf.reduce_sum(weights, axes, keepdims=True),
@@ -67,7 +73,7 @@ def global_moments(inputs: tf.Tensor, axes, mask: tf.Tensor | None = None):
     squares = tf.square(deviation)
     if weights is not None:
         squares = squares * weights
-    (squared,) = _sum_over_towers([tf.reduce_sum(squares, axes, keepdims=True)])
+    (squared,) = sum_fn([tf.reduce_sum(squares, axes, keepdims=True)])
     variance = tf.math.divide_no_nan(squared, divisor)
     mean, variance = tf.squeeze(mean, axes), tf.squeeze(variance, axes)
     if dtype in (tf.float16, tf.bfloat16):

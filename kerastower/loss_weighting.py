@@ -25,41 +25,46 @@ exactly, as under stock `MirroredStrategy`.
 loss therefore returns ``L_i * t_i * B / n_i``, where ``t_i`` is its tower
 weight above, so that the product is ``t_i * L_i``.
 
-Across workers, compiled losses weigh each worker by its share of the
-examples (``D`` is summed over this worker's towers): exact for unmasked
-losses, an approximation for masked ones whose workers hold different
-fractions of valid elements.
+Across workers the same rule holds: ``D`` is summed over every tower of
+every worker (`kerastower.tower_sum`), so masked losses stay exact when the
+workers hold different fractions of valid elements.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable, Sequence
 
 import tensorflow as tf
 
 from kerastower import _keras_compat
 
 
-def sum_over_towers(value: tf.Tensor) -> tf.Tensor:
-    """Sums a tensor over the towers of this step (identity outside towers)."""
+def sum_over_towers(values: Sequence[tf.Tensor]) -> list[tf.Tensor]:
+    """Sums tensors over the towers of this step (identity outside towers)."""
     context = tf.distribute.get_replica_context()
-    return context.all_reduce(tf.distribute.ReduceOp.SUM, value)
+    return list(context.all_reduce(tf.distribute.ReduceOp.SUM, list(values)))
 
 
 def compiled_loss_factor(
-    divisor: tf.Tensor, total_divisor: tf.Tensor, examples: tf.Tensor, worker_examples
+    divisor: tf.Tensor,
+    total_divisor: tf.Tensor,
+    examples: tf.Tensor,
+    global_batch: tf.Tensor,
 ) -> tf.Tensor:
-    """``(D_i / D) * (B_w / n_i)``: what a normalised tower loss is scaled by.
+    """``(D_i / D) * (B / n_i)``: what a normalised tower loss is scaled by.
 
     Args:
         divisor: ``D_i``, this tower's divisor.
-        total_divisor: ``D``, the sum of the divisors over this worker's towers.
+        total_divisor: ``D``, the sum of the divisors over all towers of all
+            workers.
         examples: ``n_i``, this tower's examples.
-        worker_examples: ``B_w``, this worker's examples (all its towers).
+        global_batch: ``B``, the examples of all towers of all workers.
 
     Returns:
         The factor; 0 where ``D`` or ``n_i`` is 0 (nothing to weigh).
     """
     return tf.math.divide_no_nan(divisor, total_divisor) * tf.math.divide_no_nan(
-        worker_examples, examples
+        global_batch, examples
     )
 
 
@@ -98,7 +103,11 @@ class TowerLoss:
         return value
 
 
-def weigh_compiled_losses(records, global_batch: tf.Tensor) -> list[tf.Tensor]:
+def weigh_compiled_losses(
+    records,
+    global_batch: tf.Tensor,
+    sum_fn: Callable[[Sequence[tf.Tensor]], list[tf.Tensor]] = sum_over_towers,
+) -> list[tf.Tensor]:
     """Each recorded compiled loss's factor ``t_i * B / n_i`` (see module).
 
     Args:
@@ -107,6 +116,8 @@ def weigh_compiled_losses(records, global_batch: tf.Tensor) -> list[tf.Tensor]:
             ``"sum"`` reductions.
         global_batch: ``B``, the examples of the step on all towers and
             workers, float32.
+        sum_fn: Sums a list of tensors over every tower (of every worker:
+            a `kerastower.tower_sum.TowerSum`).
 
     Returns:
         One float32 factor per record. Every tower must call this once, with
@@ -115,16 +126,15 @@ def weigh_compiled_losses(records, global_batch: tf.Tensor) -> list[tf.Tensor]:
     if not records:
         return []
     examples = records[0][2]
-    local = tf.stack(
-        [examples] + [d if d is not None else examples for _, d, _ in records]
+    (totals,) = sum_fn(
+        [tf.stack([d if d is not None else examples for _, d, _ in records])]
     )
-    totals = sum_over_towers(local)
     factors = []
-    for k, (_, divisor, _) in enumerate(records, start=1):
+    for k, (_, divisor, _) in enumerate(records):
         if divisor is None:
             factors.append(tf.math.divide_no_nan(global_batch, examples))
         else:
             factors.append(
-                compiled_loss_factor(divisor, totals[k], examples, totals[0])
+                compiled_loss_factor(divisor, totals[k], examples, global_batch)
             )
     return factors

@@ -24,6 +24,7 @@ from kerastower import _keras_compat, cluster, sharding
 
 DEFAULT_TIMEOUT_SECONDS = 600.0
 _STRATEGY: tf.distribute.Strategy | None = None
+_TIMEOUT_SECONDS = DEFAULT_TIMEOUT_SECONDS
 
 
 def prepare_workers() -> bool:
@@ -90,7 +91,7 @@ def worker_strategy(
         RuntimeError: If TensorFlow started its runtime before kerastower was
             imported, so the cluster can no longer be set up.
     """
-    global _STRATEGY
+    global _STRATEGY, _TIMEOUT_SECONDS
     if timeout_seconds is not None and not timeout_seconds > 0:
         raise ValueError(
             "`timeout_seconds` must be > 0. "
@@ -98,8 +99,9 @@ def worker_strategy(
         )
     if _STRATEGY is None:
         cluster.tf_config()  # validates TF_CONFIG with a clear error
+        _TIMEOUT_SECONDS = timeout_seconds or DEFAULT_TIMEOUT_SECONDS
         options = tf.distribute.experimental.CommunicationOptions(
-            timeout_seconds=timeout_seconds or DEFAULT_TIMEOUT_SECONDS
+            timeout_seconds=_TIMEOUT_SECONDS
         )
         try:
             with _keras_compat.strategy_made_after_start():
@@ -117,6 +119,11 @@ def worker_strategy(
         _keras_compat.check_prepared()
         _STRATEGY = strategy
     return _STRATEGY
+
+
+def timeout() -> float:
+    """How long a collective operation may wait for the other workers."""
+    return _TIMEOUT_SECONDS
 
 
 def num_workers_of(strategy: tf.distribute.Strategy) -> int:

@@ -21,13 +21,14 @@ A step, top to bottom (`TowerStep.train`):
 from __future__ import annotations
 
 import contextlib
+import functools
 import warnings
 from typing import NamedTuple
 
 import keras
 import tensorflow as tf
 
-from kerastower import _keras_compat, multi_worker
+from kerastower import _keras_compat, multi_worker, tower_sum
 from kerastower.batch_norm import global_moments
 from kerastower.loss_weighting import TowerLoss, weigh_compiled_losses
 from kerastower.sharding import (
@@ -62,12 +63,14 @@ class TowerLosses(NamedTuple):
         loss_weights: The compiled losses' ``loss_weights``, in order.
         global_batch: ``B``, the step's examples on all towers and workers.
         per_output_metrics: Whether Keras keeps per-output loss metrics.
+        sum_fn: Sums a list of tensors over all towers of all workers.
     """
 
     records: dict
     loss_weights: list
     global_batch: tf.Tensor
     per_output_metrics: bool
+    sum_fn: tower_sum.TowerSum
 
 
 class TowerStep:
@@ -260,14 +263,23 @@ class TowerStep:
         """
         model = self.model
         batch = tf.shape(first_leaf(data))[0]
-        total = (
-            multi_worker.sum_over_workers(self.model, tf.cast(batch, tf.float32))
-            if across_workers
-            else tf.cast(batch, tf.float32)
-        )
+        workers = model.num_workers if across_workers else 1
+        total = tf.cast(batch, tf.float32)
+        if workers > 1:
+            total = multi_worker.sum_over_workers(model, total)
+        first_key = tower_sum.next_instance_key()
+        sums = []
+
+        def new_sum():
+            sums.append(
+                tower_sum.TowerSum(
+                    workers, model.tower_devices[0], multi_worker.timeout(), first_key
+                )
+            )
+            return sums[-1]
 
         def on_towers():
-            return combine(self.run_towers(tower_fn, data, batch, total))
+            return combine(self.run_towers(tower_fn, data, batch, total, new_sum()))
 
         one_tower_warnings: list = []
 
@@ -275,9 +287,11 @@ class TowerStep:
             weight = tf.cast(batch, tf.float32) / total
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")
-                with self.tower_context(total, sync_batch_norm=False) as losses:
-                    with tf.device(model.tower_devices[0]):
-                        result = combine([tower_fn(data, weight, losses)])
+                # One device's statistics are this tower's, unless workers
+                # add theirs.
+                context = self.tower_context(total, new_sum(), workers > 1)
+                with context as losses, tf.device(model.tower_devices[0]):
+                    result = combine([tower_fn(data, weight, losses)])
             one_tower_warnings.append(caught)
             return result
 
@@ -288,13 +302,14 @@ class TowerStep:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             result = tf.cond(batch >= model.num_towers, on_towers, on_one_tower)
+        tower_sum.advance_instance_keys(sums)
         _keras_compat.warn_once(
             one_tower_warnings[0] if one_tower_warnings else caught,
             getattr(model, "_shown_warnings", frozenset()),
         )
         return result, total
 
-    def run_towers(self, tower_fn, data, batch, total):
+    def run_towers(self, tower_fn, data, batch, total, sum_fn):
         """Splits `data` into shards and runs `tower_fn` on every tower."""
         towers = self.model.num_towers
         # Hide the sizes from shape inference, so that a tower's static batch
@@ -311,14 +326,14 @@ class TowerStep:
                 weights[ctx.replica_id_in_sync_group],
             )
         )
-        with self.tower_context(total, sync_batch_norm=True) as losses:
+        with self.tower_context(total, sum_fn, sync_batch_norm=True) as losses:
             outputs = strategy.run(
                 lambda args: tower_fn(args[0], args[1], losses), args=(inputs,)
             )
         return local_results(strategy, outputs)
 
     @contextlib.contextmanager
-    def tower_context(self, global_batch: tf.Tensor, sync_batch_norm: bool):
+    def tower_context(self, global_batch, sum_fn, sync_batch_norm: bool):
         """Weights compiled losses per tower while the towers trace.
 
         Keras's compiled losses are wrapped in
@@ -327,20 +342,25 @@ class TowerStep:
         updates (`update_loss_metrics` updates them once, with the global
         values); and, with `sync_batch_norm` (and the model's
         ``sync_batch_norm``), `BatchNormalization` layers use statistics of
-        all towers. Yields the `TowerLosses` the towers weight their loss by.
+        all towers. `sum_fn` (a `kerastower.tower_sum.TowerSum`) sums over
+        every tower of every worker. Yields the `TowerLosses` the towers
+        weight their loss by.
         """
         patched = []
         if sync_batch_norm and self.model.sync_batch_norm:
             for layer in _keras_compat.inner_layers(self.model):
                 if isinstance(layer, keras.layers.BatchNormalization):
-                    _keras_compat.override_batch_norm_moments(layer, global_moments)
+                    moments = functools.partial(global_moments, sum_fn=sum_fn)
+                    _keras_compat.override_batch_norm_moments(layer, moments)
                     patched.append(layer)
         records: dict = {}
         try:
             with _keras_compat.compiled_losses_replaced(
                 self.model, lambda loss: TowerLoss(loss, records), _IgnoredMetric
             ) as (loss_weights, has_metrics):
-                yield TowerLosses(records, loss_weights, global_batch, has_metrics)
+                yield TowerLosses(
+                    records, loss_weights, global_batch, has_metrics, sum_fn
+                )
         finally:
             for layer in patched:
                 _keras_compat.restore_batch_norm(layer)
@@ -361,7 +381,7 @@ class TowerStep:
         Returns it and the per-output losses; see `kerastower.loss_weighting`.
         """
         records = losses.records.pop(tf.distribute.get_replica_context(), [])
-        factors = weigh_compiled_losses(records, losses.global_batch)
+        factors = weigh_compiled_losses(records, losses.global_batch, losses.sum_fn)
         per_output = []
         for (value, _, _), factor, loss_weight in zip(
             records, factors, losses.loss_weights

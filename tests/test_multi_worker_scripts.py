@@ -38,9 +38,7 @@ class GlobalBatches(keras.utils.PyDataset):
 
     def __init__(self, workers, family):
         super().__init__()
-        data = [natural.worker_data(i) for i in range(workers)]
-        if family == "embedding":
-            data = [(natural.tokens(x), y) for x, y in data]
+        data = [natural.family_data(family, i) for i in range(workers)]
         self.batches = []
         for start in range(0, len(data[0][0]), natural.BATCH):
             end = start + natural.BATCH
@@ -58,6 +56,8 @@ class GlobalBatches(keras.utils.PyDataset):
 def one_device(workers, family, initial):
     if family == "embedding":
         plain = keras.Model(*natural.embedding_graph(seed=0))
+    elif family == "masked":
+        plain = keras.Model(*natural.masked_graph(seed=0))
     else:
         hidden, out = natural.layers(seed=0)
         inputs = keras.Input((natural.FEATURES,))
@@ -84,6 +84,11 @@ def one_device(workers, family, initial):
         # Sparse gradients with Adam: token rows that several workers hit,
         # and a position table every tower gathers whole (static rows).
         (2, "2,3", "embedding"),
+        # Masked loss and masked BatchNormalization: workers hold different
+        # fractions of valid steps, and in the last step one worker runs its
+        # batch on one tower while the other splits it (both still meet).
+        (2, "2,3", "masked"),
+        (3, "2,3,1", "masked"),
     ],
 )
 def test_natural_script_trains_the_one_device_model(tmp_path, workers, towers, family):

@@ -7,8 +7,9 @@ tests start it through ``kerastower launch``). The towers are the logical
 CPUs that ``kerastower launch --towers`` asks for.
 
 ``python natural.py OUT FAMILY`` trains the model `FAMILY` ("dense",
-"from_model" or "subclassed") on this worker's examples and writes the
-initial weights (chief), the final weights and the history to ``OUT``.
+"from_model", "subclassed", "embedding" or "masked") on this worker's
+examples and writes the initial weights (chief), the final weights and the
+history to ``OUT``.
 """
 
 from __future__ import annotations
@@ -74,10 +75,38 @@ def tokens(x):
     return (np.abs(x) * 3).astype("int32") % 6
 
 
+def masked_graph(seed: int):
+    """A per-step tagger: masked tokens, masked BatchNormalization, masked loss."""
+    keras.utils.set_random_seed(seed)
+    inputs = keras.Input((FEATURES,), dtype="int32")
+    rows = keras.layers.Embedding(7, 4, mask_zero=True)(inputs)
+    rows = keras.layers.BatchNormalization()(rows)
+    return inputs, keras.layers.Dense(1)(rows)
+
+
+def family_data(family: str, index: int):
+    """Worker ``index``'s examples for `family`.
+
+    In the "masked" family worker ``i`` masks its first ``2 i`` steps (token
+    0), so the workers hold different fractions of valid steps: weighting
+    them by their examples would be wrong.
+    """
+    x, y = worker_data(index)
+    if family == "embedding":
+        return tokens(x), y
+    if family == "masked":
+        ids = tokens(x) + 1
+        ids[:, : 2 * index] = 0
+        return ids, x[:, :, None]
+    return x, y
+
+
 def build(family: str, seed: int):
     """The model, built before any strategy exists."""
     if family == "embedding":
         return kerastower.TowerModel(*embedding_graph(seed))
+    if family == "masked":
+        return kerastower.TowerModel(*masked_graph(seed))
     if family == "subclassed":
         model = Subclassed(seed)
         model(np.zeros((1, FEATURES), "float32"))
@@ -92,11 +121,9 @@ def build(family: str, seed: int):
 
 def main(out: str, family: str) -> None:
     index = kerastower.worker_index()
-    x, y = worker_data(index)
+    x, y = family_data(family, index)
     # Different seeds on purpose: every worker starts from the chief's weights.
     model = build(family, seed=index)
-    if family == "embedding":
-        x = tokens(x)
     if index == 0:
         np.savez(os.path.join(out, "initial.npz"), *model.get_weights())
     model.compile(optimizer=keras.optimizers.Adam(0.01), loss="mse", metrics=["mae"])

@@ -1,0 +1,136 @@
+"""Sums over every tower of every worker, from inside a tower's step.
+
+Two statistics of a step need the whole global batch while the towers are
+still running their forward pass: the divisors of the compiled losses
+(`kerastower.loss_weighting`) and the moments of synchronised
+`BatchNormalization` (`kerastower.batch_norm`). One device would compute them
+over every example of every worker, so `TowerSum` sums them in three moves:
+
+1. the towers of this worker sum their values (the replica context's
+   all-reduce; the identity on one tower);
+2. the first tower of every worker adds the workers' sums with one
+   collective all-reduce (``CollectiveReduceV2``, TensorFlow's collective
+   engine that `MultiWorkerMirroredStrategy` runs on) per dtype, in a group of
+   its own: one member per worker, whatever each worker's tower count;
+3. the first tower hands the result to this worker's other towers by a second
+   within-worker sum in which they add zeros (exact: ``x + 0 == x``).
+
+A sum is its own adjoint, so its gradient (masked `BatchNormalization`
+differentiates through the mean) is the same three moves on the upstream
+gradients.
+
+On one worker only the first move runs. Every worker must issue the same
+collectives in the same order, with the same instance keys: each step takes a
+fresh range of keys (`next_instance_key`), and a `TowerSum` numbers its
+collectives from the start of that range, so the step's branch that runs on
+all towers and the one that runs on one tower (a batch smaller than the
+tower count, `TowerStep.split_run`) issue the same keys; workers that take
+different branches still meet.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import tensorflow as tf
+
+# TensorFlow's strategies number their groups up from 1; this one is ours.
+GROUP_KEY = 0x6B740001
+_FIRST_INSTANCE_KEY = 1 << 20
+_next_key = _FIRST_INSTANCE_KEY
+
+
+def next_instance_key() -> int:
+    """The first instance key no `TowerSum` has used yet in this process."""
+    return _next_key
+
+
+def advance_instance_keys(sums: Sequence[TowerSum]) -> None:
+    """Marks the keys that `sums` used as taken (after a step was traced)."""
+    global _next_key
+    _next_key = max([_next_key] + [s.next_key for s in sums])
+
+
+class TowerSum:
+    """Sums a list of tensors over every tower of every worker.
+
+    Call it from inside a tower (a replica context of the tower strategy) or
+    on the one tower that runs a small batch whole (the default replica
+    context). Every tower of the step must call it, with values of the same
+    shapes and dtypes, in the same order.
+
+    Args:
+        workers: How many workers train together (1: sum over towers only).
+        device: This worker's first tower, where the cross-worker collective
+            runs.
+        timeout_seconds: How long a collective may wait for the other
+            workers.
+        first_key: The instance key of this step's first collective, from
+            `next_instance_key`.
+    """
+
+    def __init__(
+        self, workers: int, device: str, timeout_seconds: float, first_key: int
+    ):
+        self.workers = workers
+        self.device = device
+        self.timeout_seconds = timeout_seconds
+        self.next_key = first_key
+
+    def __call__(self, values: Sequence[tf.Tensor]) -> list[tf.Tensor]:
+        values = list(values)
+        if self.workers == 1:
+            context = tf.distribute.get_replica_context()
+            return list(context.all_reduce(tf.distribute.ReduceOp.SUM, values))
+
+        # A sum is its own adjoint: the gradient of each tower's value is the
+        # sum of the upstream gradients over every tower of every worker.
+        @tf.custom_gradient
+        def global_sum(*flat):
+            def grad(*upstream):
+                return self._sum(
+                    [
+                        tf.zeros_like(v) if g is None else g
+                        for g, v in zip(upstream, flat)
+                    ]
+                )
+
+            return self._sum(flat), grad
+
+        return list(global_sum(*values))
+
+    def _sum(self, values: Sequence[tf.Tensor]) -> list[tf.Tensor]:
+        context = tf.distribute.get_replica_context()
+        local = context.all_reduce(tf.distribute.ReduceOp.SUM, list(values))
+        replica = tf.get_static_value(context.replica_id_in_sync_group)
+        if replica == 0:
+            mine = self._over_workers(local)
+        else:
+            mine = [tf.zeros_like(v) for v in local]
+        return list(context.all_reduce(tf.distribute.ReduceOp.SUM, mine))
+
+    def _over_workers(self, values: Sequence[tf.Tensor]) -> list[tf.Tensor]:
+        """One collective per dtype, over the first towers of all workers."""
+        out = list(values)
+        for dtype in sorted({v.dtype for v in values}, key=lambda d: d.name):
+            where = [i for i, v in enumerate(values) if v.dtype == dtype]
+            flat = tf.concat([tf.reshape(values[i], [-1]) for i in where], axis=0)
+            with tf.device(self.device):
+                summed = tf.raw_ops.CollectiveReduceV2(
+                    input=flat,
+                    group_size=self.workers,
+                    group_key=GROUP_KEY,
+                    instance_key=self.next_key,
+                    ordering_token=[],
+                    merge_op="Add",
+                    final_op="Id",
+                    communication_hint="auto",
+                    timeout_seconds=self.timeout_seconds,
+                )
+            self.next_key += 1
+            sizes = tf.stack([tf.size(values[i]) for i in where])
+            pieces = tf.split(summed, sizes, num=len(where))
+            for i, piece in zip(where, pieces):
+                out[i] = tf.reshape(piece, tf.shape(values[i]))
+                out[i].set_shape(values[i].shape)
+        return out

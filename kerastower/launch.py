@@ -13,11 +13,12 @@ plain Python: it neither imports TensorFlow nor joins the cluster.
 from __future__ import annotations
 
 import argparse
+import ctypes
+import functools
 import json
 import os
 import shlex
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -26,141 +27,30 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, TextIO
 
+from kerastower.worker_configs import (
+    LOOPBACK,
+    check_count,
+    free_loopback_ports,
+    tf_config_for,
+    towers_per_worker,
+)
+
+__all__ = [
+    "LOOPBACK",
+    "free_loopback_ports",
+    "launch",
+    "run",
+    "tf_config_for",
+    "towers_per_worker",
+]
+
 LOGICAL_DEVICES_VARIABLE = "KERASTOWER_LOGICAL_DEVICES"
 DEFAULT_GRACE_PERIOD = 10.0
-LOOPBACK = "127.0.0.1"
 _POLL_SECONDS = 0.05
 _POSIX = os.name == "posix"
 _KILL = signal.SIGKILL if _POSIX else signal.SIGTERM
-
-
-def _check_count(name: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(
-            f"`{name}` must be an integer >= 1. Received: {name}={value!r}"
-        )
-    return value
-
-
-def tf_config_for(hosts: str | Sequence[str], index: int) -> dict[str, Any]:
-    """Returns the `TF_CONFIG` of one worker of a cluster of workers.
-
-    Example:
-
-    ```python
-    from kerastower.launch import tf_config_for
-
-    print(tf_config_for("host0:2222,host1:2222", 1))
-    # {'cluster': {'worker': ['host0:2222', 'host1:2222']},
-    #  'task': {'type': 'worker', 'index': 1}}
-    ```
-
-    Args:
-        hosts: The ``host:port`` address of every worker, worker 0 (the
-            chief) first: a list, or one comma-separated string.
-        index: This worker's index in `hosts`.
-
-    Returns:
-        The config as a dict, ready for `json.dumps`.
-
-    Raises:
-        ValueError: If `hosts` is empty, an address is not ``host:port`` with
-            an integer port in ``[1, 65535]``, or `index` is not in
-            ``[0, len(hosts))``.
-    """
-    if isinstance(hosts, str):
-        hosts = [h.strip() for h in hosts.split(",") if h.strip()]
-    if not hosts:
-        raise ValueError(f"`hosts` must name a worker. Received: hosts={hosts!r}")
-    for address in hosts:
-        host, _, port = address.rpartition(":")
-        if not host or not port.isdigit() or not 0 < int(port) < 65536:
-            raise ValueError(
-                "Each host must be `host:port` with a port in [1, 65535]. "
-                f"Received: host={address!r}"
-            )
-    if isinstance(index, bool) or not isinstance(index, int):
-        raise ValueError(f"`index` must be an integer. Received: index={index!r}")
-    if not 0 <= index < len(hosts):
-        raise ValueError(
-            f"`index` must be in [0, {len(hosts)}), one per host. "
-            f"Received: index={index}"
-        )
-    return {
-        "cluster": {"worker": list(hosts)},
-        "task": {"type": "worker", "index": index},
-    }
-
-
-def free_loopback_ports(n: int) -> list[int]:
-    """Returns `n` distinct TCP ports that are free on ``127.0.0.1`` now.
-
-    The operating system picks them, all held at once so that they differ,
-    and they are released before returning: another program could still take
-    one before a worker binds it, as with any free-port probe.
-
-    Args:
-        n: How many ports.
-
-    Returns:
-        The port numbers.
-
-    Raises:
-        ValueError: If `n` is less than 1.
-    """
-    _check_count("n", n)
-    sockets = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in range(n)]
-    try:
-        for s in sockets:
-            s.bind((LOOPBACK, 0))
-        return [s.getsockname()[1] for s in sockets]
-    finally:
-        for s in sockets:
-            s.close()
-
-
-def towers_per_worker(
-    towers: str | int | Sequence[int] | None, num_workers: int
-) -> list[int] | None:
-    """Gives every worker its number of towers.
-
-    Workers may have different numbers of towers: ``"2,3"`` gives worker 0
-    two towers and worker 1 three.
-
-    Args:
-        towers: One number for every worker, one per worker, or a string of
-            either (``"2"``, ``"2,3"``, as ``--towers`` takes them); ``None``
-            leaves the choice to each worker.
-        num_workers: The number of workers.
-
-    Returns:
-        One number per worker, or ``None`` when `towers` is ``None``.
-
-    Raises:
-        ValueError: If `num_workers` or a number of towers is not an integer
-            of at least 1, or there is more than one and not one per worker.
-    """
-    _check_count("num_workers", num_workers)
-    if isinstance(towers, str):
-        try:
-            towers = [int(t) for t in towers.split(",")]
-        except ValueError:
-            raise ValueError(
-                "`towers` must be an integer >= 1, or a comma-separated list "
-                f"with one per worker. Received: towers={towers!r}"
-            ) from None
-        towers = towers[0] if len(towers) == 1 else towers
-    if towers is None:
-        return None
-    if isinstance(towers, int):
-        towers = [towers] * num_workers
-    counts = [_check_count("towers", t) for t in towers]
-    if len(counts) != num_workers:
-        raise ValueError(
-            "`towers` must give one number for all workers or one per worker "
-            f"({num_workers}). Received: towers={counts}"
-        )
-    return counts
+_LINUX = sys.platform.startswith("linux")
+_PR_SET_PDEATHSIG = 1
 
 
 def _worker_env(hosts: list[str], index: int, towers: int | None) -> dict[str, str]:
@@ -231,6 +121,17 @@ def _signals_recorded() -> Iterator[list[int]]:
             signal.signal(sig, handler)
 
 
+def _die_with(launcher_pid: int) -> None:
+    """In a new worker (Linux): SIGTERM when the launcher dies, even by SIGKILL.
+
+    Without it, a launcher killed outright would leave its workers running,
+    each in a session of its own.
+    """
+    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    if os.getppid() != launcher_pid:  # it died before prctl took effect
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
 class _Workers:
     """The running worker processes and the threads that stream their output."""
 
@@ -249,6 +150,7 @@ class _Workers:
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             start_new_session=_POSIX,
+            preexec_fn=functools.partial(_die_with, os.getpid()) if _LINUX else None,
         )
         prefix = f"[worker {len(self.procs)}] "
         self.procs.append(proc)
@@ -487,7 +389,7 @@ def run(args: argparse.Namespace, script_argv: Sequence[str]) -> int:
         )
     return launch(
         script_argv,
-        _check_count("-n", args.num_workers),
+        check_count("-n", args.num_workers),
         args.towers,
         module=args.module,
         grace_period=args.grace_period,

@@ -372,6 +372,22 @@ def test_ctrl_c_at_a_terminal_gives_the_workers_sigterm_and_130(tmp_path):
         assert Path(out, f"signal{i}").read_text() == str(int(signal.SIGTERM))
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PDEATHSIG")
+def test_workers_get_sigterm_when_the_launcher_is_killed_outright(tmp_path):
+    script, out = _script(tmp_path, SIGNAL_SCRIPT)
+    proc = _cli("launch", "-n", "2", script, out)
+    try:
+        assert _wait_for([os.path.join(out, f"ready{i}") for i in range(2)])
+        proc.kill()  # SIGKILL: the launcher cannot stop its workers itself
+        proc.communicate(timeout=30)
+        signals = [os.path.join(out, f"signal{i}") for i in range(2)]
+        assert _wait_for(signals, timeout=30)
+    finally:
+        proc.kill()
+    for path in signals:
+        assert Path(path).read_text() == str(int(signal.SIGTERM))
+
+
 def test_command_fails_with_the_first_failed_workers_status(tmp_path):
     script, out = _script(tmp_path, FAIL_SCRIPT)
     proc = _cli("launch", "-n", "2", script, out, "0", "5", "no")

@@ -132,11 +132,29 @@ def test_sigterm_in_an_accumulation_window_resumes_into_that_window(
 
 
 @pytest.mark.slow
-def test_sigterm_to_one_worker_stops_both_at_the_same_step(references, tmp_path):
-    first = run(tmp_path, "--sigterm-at", "6", "--only-worker", "1", workers=2)
+@pytest.mark.parametrize(
+    "check_freq, stopped_at, state",
+    # SIGTERM reaches worker 1 in global step 6 (epoch 1, step 2). Checking
+    # every 3 steps, the workers agree after step 8 (epoch 2, step 0): the
+    # count goes on over the epoch's end.
+    [(1, "STEP 1 2", (1, 3)), (3, "STEP 2 0", (2, 1))],
+)
+def test_sigterm_to_one_worker_stops_both_at_the_same_step(
+    references, tmp_path, check_freq, stopped_at, state
+):
+    first = run(
+        tmp_path,
+        "--sigterm-at",
+        "6",
+        "--only-worker",
+        "1",
+        "--check-freq",
+        str(check_freq),
+        workers=2,
+    )
     assert first.returncode == 128 + signal.SIGTERM, first.stdout[-3000:]
-    state = check_backup_whole(tmp_path)
-    assert (state["epoch"], state["step"]) == (1, 3)
+    saved = check_backup_whole(tmp_path)
+    assert (saved["epoch"], saved["step"]) == state
     # Neither worker ran a step past the one the preemption was agreed at.
     for index in (0, 1):
         steps = [
@@ -144,7 +162,7 @@ def test_sigterm_to_one_worker_stops_both_at_the_same_step(references, tmp_path)
             for line in first.stdout.splitlines()
             if f"[worker {index}] STEP" in line
         ]
-        assert steps[-1].endswith("STEP 1 2")
+        assert steps[-1].endswith(stopped_at)
     second = run(tmp_path, workers=2)
     assert second.returncode == 0, second.stdout[-3000:]
     assert_same_run(references["workers"], tmp_path, workers=2)
@@ -237,6 +255,10 @@ def test_ten_kills_at_random_moments_leave_whole_backups_and_exact_resumes(
             "`signals` must be a sequence of signal numbers",
         ),
         (dict(signals=("SIGTERM",)), "Received: signals=('SIGTERM',)"),
+        (
+            dict(check_freq=0),
+            "`check_freq` must be an integer >= 1. Received: check_freq=0",
+        ),
     ],
 )
 def test_bad_arguments_name_the_argument_and_the_value(kwargs, message):

@@ -50,8 +50,8 @@ class BackupAndRestore(keras.callbacks.Callback):
     If that takes longer than `grace_period` seconds from the signal, the
     process exits anyway (the previous backup stays intact). Under several
     workers, every worker stops at the same step even when only one was
-    signalled (the workers agree after each step, through a small
-    all-reduce), only the chief writes, and every worker exits.
+    signalled (the workers agree every `check_freq` steps, through an
+    all-reduce of one number), only the chief writes, and every worker exits.
 
     Backups are written atomically: the files of a backup are flushed to
     disk before `latest.json` is switched to them, so a process killed at
@@ -94,6 +94,12 @@ class BackupAndRestore(keras.callbacks.Callback):
         exit_code: The exit status after a preemption backup, or ``None`` to
             stop training without exiting (`fit` then returns early).
             Defaults to 143, the status of a process stopped by ``SIGTERM``.
+        check_freq: Under several workers, the number of steps between two
+            agreements on preemption (counted from the start of `fit`, over
+            epochs). A signalled worker may run up to ``check_freq - 1``
+            more steps, so keep ``check_freq`` times the step time well
+            under `grace_period`. One worker checks after every step.
+            Defaults to 1.
 
     Raises:
         ValueError: If an argument is invalid, or a backup does not fit the
@@ -109,6 +115,7 @@ class BackupAndRestore(keras.callbacks.Callback):
         preemption_file: str | os.PathLike | None = None,
         grace_period: float = 25.0,
         exit_code: int | None = 143,
+        check_freq: int = 1,
     ):
         super().__init__()
         if not backup_dir:
@@ -140,6 +147,15 @@ class BackupAndRestore(keras.callbacks.Callback):
                 "`exit_code` must be an integer or None. "
                 f"Received: exit_code={exit_code!r}"
             )
+        if (
+            isinstance(check_freq, bool)
+            or not isinstance(check_freq, int)
+            or (check_freq < 1)
+        ):
+            raise ValueError(
+                "`check_freq` must be an integer >= 1. "
+                f"Received: check_freq={check_freq!r}"
+            )
         valid = {int(s) for s in signal.Signals}
         if isinstance(signals, (str, bytes, int)) or any(
             isinstance(s, bool) or not isinstance(s, int) or int(s) not in valid
@@ -158,7 +174,9 @@ class BackupAndRestore(keras.callbacks.Callback):
         )
         self.grace_period = float(grace_period)
         self.exit_code = exit_code
+        self.check_freq = check_freq
         self.preempted = False
+        self._unchecked_steps = 0
         self._signalled = threading.Event()
         self._previous_handlers: dict = {}
         self._pending: dict | None = None  # the restored state, until applied
@@ -235,6 +253,7 @@ class BackupAndRestore(keras.callbacks.Callback):
 
     def on_train_begin(self, logs=None):
         self.preempted = False
+        self._unchecked_steps = 0
         self._signalled.clear()
         self._install_handlers()
         self._pending = None
@@ -338,6 +357,10 @@ class BackupAndRestore(keras.callbacks.Callback):
         )
         model = self.model
         if getattr(model, "num_workers", 1) > 1:
+            self._unchecked_steps += 1
+            if self._unchecked_steps < self.check_freq:
+                return False
+            self._unchecked_steps = 0
             flag = np.float32(1.0 if local else 0.0)
             total = multi_worker.all_reduce_sum(model._worker_strategy, flag)
             return float(total) > 0

@@ -13,7 +13,8 @@ after each step (flushed), and writes the final weights to
 ``--sigterm-at S`` makes the process send itself ``SIGTERM`` during global
 step ``S`` (0-based, counted over the whole training, this run's epochs
 included), as a scheduler would; ``--kill-at S`` sends ``SIGKILL`` instead.
-``--only-worker W`` limits both to worker ``W``.
+``--only-worker W`` limits both to worker ``W``; ``--check-freq C`` is
+`BackupAndRestore`'s ``check_freq``.
 """
 
 from __future__ import annotations
@@ -83,6 +84,7 @@ def main(argv=None) -> int:
     parser.add_argument("--sigterm-at", type=int, default=None)
     parser.add_argument("--kill-at", type=int, default=None)
     parser.add_argument("--only-worker", type=int, default=None)
+    parser.add_argument("--check-freq", type=int, default=1)
     args = parser.parse_args(argv)
     if not kerastower.is_multi_worker():
         kerastower.configure_logical_devices(2)
@@ -98,7 +100,10 @@ def main(argv=None) -> int:
     if args.accumulate > 1:
         callbacks.append(kerastower.callbacks.GradientAccumulation(args.accumulate))
     backup_dir = os.path.join(args.out, "backup")
-    callbacks.append(kerastower.callbacks.BackupAndRestore(backup_dir, save_freq=1))
+    backup = kerastower.callbacks.BackupAndRestore(
+        backup_dir, save_freq=1, check_freq=args.check_freq
+    )
+    callbacks.append(backup)
     history = model.fit(
         x,
         y,

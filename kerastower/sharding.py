@@ -73,7 +73,7 @@ def concat_nest(per_tower: Sequence[Any]) -> Any:
     return tf.nest.map_structure(concat, *per_tower)
 
 
-def sum_gradients(per_tower: Sequence[Any]) -> Any:
+def sum_gradients(per_tower: Sequence[Any], static_rows: bool | None = None) -> Any:
     """Sums one variable's per-tower gradients into the one-device gradient.
 
     Dense gradients are added. Sparse ones (`tf.IndexedSlices`, from gathers
@@ -89,7 +89,8 @@ def sum_gradients(per_tower: Sequence[Any]) -> Any:
       is known) are gathered once by one device, so the towers' rows are
       merged by index and summed.
 
-    The result stays sparse: a large table is never densified.
+    The result stays sparse: a large table is never densified. `static_rows`
+    overrides the row-count test (see `traced_static_rows`).
     """
     first = per_tower[0]
     if len(per_tower) == 1:
@@ -99,7 +100,7 @@ def sum_gradients(per_tower: Sequence[Any]) -> Any:
     values = tf.concat([g.values for g in per_tower], axis=0)
     indices = tf.concat([g.indices for g in per_tower], axis=0)
     summed = tf.IndexedSlices(values, indices, first.dense_shape)
-    if has_static_rows(per_tower):
+    if has_static_rows(per_tower) if static_rows is None else static_rows:
         return merge_rows(summed)
     return summed
 
@@ -115,6 +116,49 @@ def has_static_rows(per_tower: Sequence[Any]) -> bool:
         isinstance(g, tf.IndexedSlices) and g.values.shape[:1].is_fully_defined()
         for g in per_tower
     )
+
+
+def traced_static_rows(loss_fn, variables: Sequence[Any], data: Any) -> set[int]:
+    """Which `variables` get sparse gradients of a fixed set of rows, by tracing.
+
+    Eager tensors all have static shapes, so `has_static_rows` cannot tell a
+    table gathered once per batch from a gather of the examples' ids there.
+    This traces ``loss_fn(data)`` once, with the batch size unknown, and reads
+    the answer off the graph, as a traced step would.
+
+    Args:
+        loss_fn: Returns ``(loss, outputs)`` for a batch.
+        variables: The variables to differentiate.
+        data: A batch (a nest of tensors, batch first; ``None`` leaves kept).
+
+    Returns:
+        The indices in `variables` of the fixed-row gradients. Empty when
+        ``loss_fn`` cannot be traced: rows are then concatenated, which is
+        right for gathers of the examples' ids, the usual case.
+    """
+    found: set[int] = set()
+
+    def spec(t):
+        t = tf.convert_to_tensor(t)
+        return tf.TensorSpec([None, *t.shape[1:]], t.dtype)
+
+    def probe(batch):
+        with tf.GradientTape() as tape:
+            loss, _ = loss_fn(batch)
+        grads = tape.gradient(loss, list(variables))
+        found.update(
+            j
+            for j, g in enumerate(grads)
+            if isinstance(g, tf.IndexedSlices) and has_static_rows([g])
+        )
+        return loss
+
+    specs = tf.nest.map_structure(lambda t: None if t is None else spec(t), data)
+    try:
+        tf.function(probe, autograph=False).get_concrete_function(specs)
+    except Exception:  # code that only runs eagerly: keep concatenating
+        return set()
+    return found
 
 
 def merge_rows(slices: tf.IndexedSlices) -> tf.IndexedSlices:

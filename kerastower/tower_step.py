@@ -39,6 +39,7 @@ from kerastower.sharding import (
     masks_of,
     split_nest,
     sum_gradients,
+    traced_static_rows,
     with_masks,
 )
 from kerastower.splitting import tensor_split_sizes
@@ -86,6 +87,7 @@ class TowerStep:
         # `tower_gradients`, used by the `sum_gradients_over_workers` that
         # follows it in the same step.
         self._static_rows: set[int] = set()
+        self._traced_rows: dict = {}  # eager steps: `traced_static_rows`
 
     # -- one step ---------------------------------------------------------
 
@@ -214,16 +216,18 @@ class TowerStep:
             )
 
         static_rows: dict[int, bool] = {}
+        traced = self.eager_static_rows(loss_fn, variables, data)
 
         def combine(per_tower):
             loss, outputs, per_output, masks = self.combine_losses(per_tower)
-            grads = [
-                sum_gradients([t[0][k] for t in per_tower])
-                for k in range(len(connected))
-            ]
             for k, j in enumerate(connected):  # both branches must agree
                 rows = has_static_rows([t[0][k] for t in per_tower])
+                rows = rows if traced is None else j in traced
                 static_rows[j] = static_rows.get(j, True) and rows
+            grads = [
+                sum_gradients([t[0][k] for t in per_tower], static_rows[j])
+                for k, j in enumerate(connected)
+            ]
             return grads, loss, outputs, per_output, masks
 
         (grads, loss, outputs, per_output, masks), total = self.split_run(
@@ -238,6 +242,19 @@ class TowerStep:
             gradients[j] = grads[k]
         self._static_rows = {j for j, rows in static_rows.items() if rows}
         return gradients, loss, outputs, total
+
+    def eager_static_rows(self, loss_fn, variables, data) -> set[int] | None:
+        """`traced_static_rows` once per step kind when eager, else ``None``."""
+        if not tf.executing_eagerly():
+            return None
+        key = (
+            getattr(loss_fn, "__code__", loss_fn),
+            tuple(id(v) for v in variables),
+            repr(tf.nest.map_structure(lambda t: getattr(t, "dtype", t), data)),
+        )
+        if key not in self._traced_rows:
+            self._traced_rows[key] = traced_static_rows(loss_fn, variables, data)
+        return self._traced_rows[key]
 
     def sum_gradients_over_workers(self, loss, gradients):
         """Sums the loss and gradients over the workers (identity on one)."""

@@ -108,6 +108,25 @@ def test_sparse_gradients_with_any_optimizer(optimizer):
     )
 
 
+@pytest.mark.parametrize("clipnorm", [None, 0.1], ids=["adam", "adam-clipnorm"])
+def test_sparse_gradients_run_eagerly(clipnorm):
+    # Eager tensors all have static shapes: the position table (fixed rows)
+    # and the token rows (one per example) are told apart by tracing.
+    fit_and_compare(
+        token_position_model,
+        TOKENS,
+        TARGETS,
+        lambda: dict(
+            optimizer=keras.optimizers.Adam(0.01, clipnorm=clipnorm),
+            loss="mse",
+            run_eagerly=True,
+        ),
+        towers=4,
+        batch_size=7,
+        epochs=2,
+    )
+
+
 def test_combined_sparse_gradients_stay_sparse():
     def slices(rows, indices):
         return tf.IndexedSlices(

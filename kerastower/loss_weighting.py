@@ -33,6 +33,7 @@ workers hold different fractions of valid elements.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import NamedTuple
 
 import tensorflow as tf
 
@@ -138,3 +139,58 @@ def weigh_compiled_losses(
                 compiled_loss_factor(divisor, totals[k], examples, global_batch)
             )
     return factors
+
+
+class TowerLosses(NamedTuple):
+    """What a tower needs to weight its loss (see `kerastower.loss_weighting`).
+
+    Attributes:
+        records: Each tower's compiled-loss records, keyed by its replica
+            context (filled by `TowerLoss`).
+        loss_weights: The compiled losses' ``loss_weights``, in order.
+        global_batch: ``B``, the step's examples on all towers and workers.
+        per_output_metrics: Whether Keras keeps per-output loss metrics.
+        sum_fn: Sums a list of tensors over all towers of all workers.
+    """
+
+    records: dict
+    loss_weights: list
+    global_batch: tf.Tensor
+    per_output_metrics: bool
+    sum_fn: Callable[[Sequence[tf.Tensor]], list[tf.Tensor]]
+
+
+def weigh_loss(loss: tf.Tensor, weight: tf.Tensor, losses: TowerLosses):
+    """A tower's loss as one device computes it, weighted by its share.
+
+    Called by every tower once its loss is complete (it sums the compiled
+    losses' divisors over the towers).
+
+    Args:
+        loss: The tower's loss, as Keras computed it on the tower's shard.
+        weight: ``n_i / B``, the tower's share of the global batch.
+        losses: The step's `TowerLosses`.
+
+    Returns:
+        The weighted loss and the weighted per-output losses (empty when
+        Keras keeps no per-output loss metrics).
+    """
+    records = losses.records.pop(tf.distribute.get_replica_context(), [])
+    factors = weigh_compiled_losses(records, losses.global_batch, losses.sum_fn)
+    per_output = []
+    for (value, _, _), factor, loss_weight in zip(
+        records, factors, losses.loss_weights
+    ):
+        value = tf.cast(value, loss.dtype)
+        factor = tf.cast(factor, loss.dtype)
+        # Keras added value * loss_weight; make it value * loss_weight *
+        # factor. A non-finite value already makes the loss non-finite,
+        # as on one device; correcting it would turn inf into NaN.
+        correction = (factor - 1.0) * tf.cast(loss_weight, loss.dtype) * value
+        finite = tf.math.is_finite(value)
+        loss = loss + tf.where(finite, correction, tf.zeros_like(correction))
+        per_output.append(value * factor)
+    weight = tf.cast(weight, loss.dtype)
+    if not losses.per_output_metrics:
+        per_output = []
+    return loss * weight, [v * weight for v in per_output]

@@ -23,14 +23,13 @@ from __future__ import annotations
 import contextlib
 import functools
 import warnings
-from typing import NamedTuple
 
 import keras
 import tensorflow as tf
 
 from kerastower import _keras_compat, multi_worker, tower_sum
 from kerastower.batch_norm import global_moments
-from kerastower.loss_weighting import TowerLoss, weigh_compiled_losses
+from kerastower.loss_weighting import TowerLoss, TowerLosses, weigh_loss
 from kerastower.sharding import (
     concat_nest,
     first_leaf,
@@ -53,25 +52,6 @@ class _IgnoredMetric:
 
     def update_state(self, value, sample_weight=None):
         del value, sample_weight
-
-
-class TowerLosses(NamedTuple):
-    """What a tower needs to weight its loss (see `kerastower.loss_weighting`).
-
-    Attributes:
-        records: Each tower's compiled-loss records, keyed by its replica
-            context (filled by `TowerLoss`).
-        loss_weights: The compiled losses' ``loss_weights``, in order.
-        global_batch: ``B``, the step's examples on all towers and workers.
-        per_output_metrics: Whether Keras keeps per-output loss metrics.
-        sum_fn: Sums a list of tensors over all towers of all workers.
-    """
-
-    records: dict
-    loss_weights: list
-    global_batch: tf.Tensor
-    per_output_metrics: bool
-    sum_fn: tower_sum.TowerSum
 
 
 class TowerStep:
@@ -194,7 +174,7 @@ class TowerStep:
         """The one-device gradients and loss of `data`, from the towers.
 
         ``loss_fn(shard)`` returns ``(loss, outputs)``: the shard's loss as
-        one device computes it (weighted by `weigh_loss`) and per-example
+        one device computes it (weighted by `loss_weighting.weigh_loss`) and per-example
         outputs. Returns ``(gradients, loss, outputs, B)``, summed or
         concatenated over this worker's towers; ``B`` is the global batch.
         """
@@ -203,7 +183,7 @@ class TowerStep:
         def tower_fn(shard, weight, losses):
             with tf.GradientTape() as tape:
                 loss, outputs = loss_fn(shard)
-                loss, per_output = self.weigh_loss(loss, weight, losses)
+                loss, per_output = weigh_loss(loss, weight, losses)
                 scaled = loss if scale_loss is None else scale_loss(loss)
             grads = tape.gradient(scaled, variables)
             connected[:] = [j for j, g in enumerate(grads) if g is not None]
@@ -390,32 +370,7 @@ class TowerStep:
         loss = _keras_compat.compute_loss(
             self.model, x, y, y_pred, sample_weight, training=training
         )
-        return self.weigh_loss(loss, weight, losses)
-
-    def weigh_loss(self, loss, weight, losses):
-        """A tower's loss as one device computes it, weighted by its share.
-
-        Returns it and the per-output losses; see `kerastower.loss_weighting`.
-        """
-        records = losses.records.pop(tf.distribute.get_replica_context(), [])
-        factors = weigh_compiled_losses(records, losses.global_batch, losses.sum_fn)
-        per_output = []
-        for (value, _, _), factor, loss_weight in zip(
-            records, factors, losses.loss_weights
-        ):
-            value = tf.cast(value, loss.dtype)
-            factor = tf.cast(factor, loss.dtype)
-            # Keras added value * loss_weight; make it value * loss_weight *
-            # factor. A non-finite value already makes the loss non-finite,
-            # as on one device; correcting it would turn inf into NaN.
-            correction = (factor - 1.0) * tf.cast(loss_weight, loss.dtype) * value
-            finite = tf.math.is_finite(value)
-            loss = loss + tf.where(finite, correction, tf.zeros_like(correction))
-            per_output.append(value * factor)
-        weight = tf.cast(weight, loss.dtype)
-        if not losses.per_output_metrics:
-            per_output = []
-        return loss * weight, [v * weight for v in per_output]
+        return weigh_loss(loss, weight, losses)
 
     @staticmethod
     def combine_losses(per_tower):

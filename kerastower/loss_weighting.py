@@ -64,9 +64,12 @@ def compiled_loss_factor(
     Returns:
         The factor; 0 where ``D`` or ``n_i`` is 0 (nothing to weigh).
     """
-    return tf.math.divide_no_nan(divisor, total_divisor) * tf.math.divide_no_nan(
-        global_batch, examples
+    d, total, n, b = (
+        tf.cast(t, tf.float64) for t in (divisor, total_divisor, examples, global_batch)
     )
+    # float64: exact counts past 2**24 elements, and a correctly rounded
+    # factor once cast to the loss's dtype.
+    return tf.math.divide_no_nan(d, total) * tf.math.divide_no_nan(b, n)
 
 
 class TowerLoss:
@@ -121,19 +124,19 @@ def weigh_compiled_losses(
             a `kerastower.tower_sum.TowerSum`).
 
     Returns:
-        One float32 factor per record. Every tower must call this once, with
+        One float64 factor per record. Every tower must call this once, with
         records of the same losses: it sums the divisors over the towers.
     """
     if not records:
         return []
     examples = records[0][2]
-    (totals,) = sum_fn(
-        [tf.stack([d if d is not None else examples for _, d, _ in records])]
-    )
+    local = [examples if d is None else d for _, d, _ in records]
+    (totals,) = sum_fn([tf.stack([tf.cast(d, tf.float64) for d in local])])
     factors = []
     for k, (_, divisor, _) in enumerate(records):
         if divisor is None:
-            factors.append(tf.math.divide_no_nan(global_batch, examples))
+            b, n = tf.cast(global_batch, tf.float64), tf.cast(examples, tf.float64)
+            factors.append(tf.math.divide_no_nan(b, n))
         else:
             factors.append(
                 compiled_loss_factor(divisor, totals[k], examples, global_batch)

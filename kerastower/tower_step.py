@@ -281,7 +281,7 @@ class TowerStep:
         one_tower_warnings: list = []
 
         def on_one_tower():
-            weight = tf.cast(batch, tf.float32) / total
+            weight = tf.cast(batch, tf.float64) / tf.cast(total, tf.float64)
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")
                 # One device's statistics are this tower's, unless workers
@@ -314,7 +314,9 @@ class TowerStep:
         sizes = tf.compat.v1.placeholder_with_default(
             tensor_split_sizes(batch, towers), [towers]
         )
-        weights = tf.cast(sizes, tf.float32) / total
+        # In float64, then cast to the loss's dtype: the correctly rounded
+        # share in any dtype (float64 models train exactly too).
+        weights = tf.cast(sizes, tf.float64) / tf.cast(total, tf.float64)
         shards = split_nest(data, sizes, towers)
         strategy = self.model.tower_strategy
         inputs = strategy.experimental_distribute_values_from_function(

@@ -393,3 +393,41 @@ def test_add_loss_batch_sum_is_weighted_as_a_mean():
     assert_close(one_device, squares.sum())
     assert_close(towered.evaluate(x, batch_size=10, verbose=0), rule)
     assert abs(rule - squares.sum()) > 0.1 * squares.sum()  # really differs
+
+
+def depthwise_net():
+    """MobileNet's building blocks: strided, depthwise and separable convolutions
+    with `BatchNormalization` and ReLU6."""
+    keras.utils.set_random_seed(0)
+    inputs = keras.Input((12, 12, 3))
+    h = keras.layers.Conv2D(8, 3, strides=2, padding="same")(inputs)
+    for layer in (
+        keras.layers.DepthwiseConv2D(3, padding="same"),
+        keras.layers.SeparableConv2D(8, 3, padding="same"),
+    ):
+        h = keras.layers.ReLU(6.0)(keras.layers.BatchNormalization()(h))
+        h = layer(h)
+    h = keras.layers.GlobalAveragePooling2D()(keras.layers.BatchNormalization()(h))
+    return keras.Model(inputs, keras.layers.Dense(4)(h))
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
+def test_depthwise_batch_norm_in_float64(float64, optimizer):
+    # In float64, rounding (1e-16) cannot hide a difference in the
+    # computation: towers must equal one device to 1e-12 (measured: 1e-15).
+    # Batches of 5 on 3 towers (2, 2, 1), and a last batch of 1 example.
+    x = RNG.normal(size=(11, 12, 12, 3))
+    y = RNG.integers(0, 4, size=(11,))
+    plain, towered = twin(depthwise_net, 3)
+    histories = []
+    for model in (plain, towered):
+        model.compile(
+            optimizer=optimizer,
+            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+            metrics=["accuracy"],
+        )
+        fit = model.fit(x, y, batch_size=5, epochs=2, shuffle=False, verbose=0)
+        histories.append(fit.history)
+    assert all(w.dtype == "float64" for w in towered.weights)
+    assert_same_history(*histories, rtol=1e-12, atol=1e-12)
+    assert_same_weights(plain, towered, rtol=1e-12, atol=1e-12)

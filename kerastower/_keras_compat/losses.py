@@ -57,7 +57,7 @@ def divisor(reduction, values, sample_weight=None, mask=None) -> tf.Tensor:
         mask: The combined Keras mask of the loss elements, or ``None``.
 
     Returns:
-        A float32 scalar tensor.
+        A float64 scalar tensor (exact counts past 2**24 elements).
     """
     values = tf.convert_to_tensor(values)
     if reduction == "mean_with_sample_weight" and (
@@ -71,10 +71,10 @@ def divisor(reduction, values, sample_weight=None, mask=None) -> tf.Tensor:
             reduction=reduction,
         )
         _, weights = loss_module.squeeze_or_expand_to_same_rank(values, weights)
-        return tf.cast(tf.reduce_sum(weights), tf.float32)
+        return tf.reduce_sum(tf.cast(weights, tf.float64))
     if mask is not None:
-        return tf.reduce_sum(tf.cast(mask, tf.float32))
-    return tf.cast(tf.size(values), tf.float32)
+        return tf.reduce_sum(tf.cast(mask, tf.float64))
+    return tf.cast(tf.size(values), tf.float64)
 
 
 def loss_divisor(loss, y_true, y_pred, sample_weight=None) -> tf.Tensor | None:

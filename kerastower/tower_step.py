@@ -111,11 +111,21 @@ class TowerStep:
                 )
                 return loss, y_pred
 
+            replicas = model._replicas
+            if replicas is not None:
+                if model._gradient_accumulator is not None:
+                    raise ValueError(
+                        "`replicate_variables=True` does not support "
+                        "GradientAccumulation yet. Received: "
+                        "replicate_variables=True with GradientAccumulation"
+                    )
+                replicas.ensure(trainable, model.optimizer)
             gradients, loss, y_pred, global_batch_size = self.tower_gradients(
                 loss_fn,
                 trainable,
                 (x, y, sample_weight),
                 scale_loss=model.optimizer.scale_loss,
+                replicas=replicas,
             )
             loss, gradients = self.sum_gradients_over_workers(loss, gradients)
         accumulator = model._gradient_accumulator
@@ -188,22 +198,31 @@ class TowerStep:
             scaled = model.optimizer.scale_loss(loss)
         return tape.gradient(scaled, trainable), loss, y_pred
 
-    def tower_gradients(self, loss_fn, variables, data, scale_loss=None):
+    def tower_gradients(self, loss_fn, variables, data, scale_loss=None, replicas=None):
         """The one-device gradients and loss of `data`, from the towers.
 
         ``loss_fn(shard)`` returns ``(loss, outputs)``: the shard's loss as
         one device computes it (weighted by `weigh_loss`) and per-example
         outputs. Returns ``(gradients, loss, outputs, B)``, summed or
         concatenated over this worker's towers; ``B`` is the global batch.
+        With `replicas` (a `kerastower.replicas.Replicas` of `variables`),
+        each tower reads its replicas, and the replicas are updated with the
+        all-reduced gradients; the gradients returned are tower 0's.
         """
         connected: list[int] = []
 
         def tower_fn(shard, weight, losses):
+            reading = contextlib.nullcontext(variables)
+            if replicas is not None:
+                context = tf.distribute.get_replica_context()
+                tower = tf.get_static_value(context.replica_id_in_sync_group)
+                reading = replicas.reading(int(tower), variables)
             with tf.GradientTape() as tape:
-                loss, outputs = loss_fn(shard)
-                loss, per_output = self.weigh_loss(loss, weight, losses)
-                scaled = loss if scale_loss is None else scale_loss(loss)
-            grads = tape.gradient(scaled, variables)
+                with reading as read:
+                    loss, outputs = loss_fn(shard)
+                    loss, per_output = self.weigh_loss(loss, weight, losses)
+                    scaled = loss if scale_loss is None else scale_loss(loss)
+            grads = tape.gradient(scaled, read)
             connected[:] = [j for j, g in enumerate(grads) if g is not None]
             return (
                 [grads[j] for j in connected],
@@ -217,10 +236,13 @@ class TowerStep:
 
         def combine(per_tower):
             loss, outputs, per_output, masks = self.combine_losses(per_tower)
-            grads = [
-                sum_gradients([t[0][k] for t in per_tower])
-                for k in range(len(connected))
-            ]
+            if replicas is not None:
+                grads = replicas.update([t[0] for t in per_tower], connected)
+            else:
+                grads = [
+                    sum_gradients([t[0][k] for t in per_tower])
+                    for k in range(len(connected))
+                ]
             for k, j in enumerate(connected):  # both branches must agree
                 rows = has_static_rows([t[0][k] for t in per_tower])
                 static_rows[j] = static_rows.get(j, True) and rows

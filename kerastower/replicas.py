@@ -114,14 +114,28 @@ class Replicas:
         self._clones: list[Any] = []
         self._tokens: list[tf.Variable] = []
 
-    def ensure(self, variables: Sequence[keras.Variable], optimizer: Any) -> None:
+    def ensure(
+        self,
+        variables: Sequence[keras.Variable],
+        optimizer: Any,
+        accumulating: bool = False,
+    ) -> None:
         """Makes the replicas of `variables` and clones of `optimizer`.
 
         Does nothing when they exist for these very variables and optimizer
         (a new `compile` or a change of ``trainable`` makes new ones). Runs
         eagerly, also while a step is traced; the optimizer is built on
         `variables` first if it is not built yet.
+
+        Raises:
+            ValueError: If `accumulating` (`GradientAccumulation` is active),
+                which replicas do not support yet.
         """
+        if accumulating:
+            raise ValueError(
+                "`replicate_variables=True` does not support GradientAccumulation "
+                "yet. Received: replicate_variables=True with GradientAccumulation"
+            )
         key = (tuple(id(v) for v in variables), id(optimizer))
         if key == self._key:
             return
@@ -194,15 +208,18 @@ class Replicas:
 
     @contextlib.contextmanager
     def reading(
-        self, tower: int, variables: Sequence[keras.Variable]
+        self, variables: Sequence[keras.Variable], tower: int | None = None
     ) -> Iterator[list[keras.Variable]]:
         """Makes the model read tower `tower`'s replicas while open.
 
-        Open it inside the `tf.GradientTape`, around the forward pass and the
-        loss; it yields the variables to differentiate (`variables` itself on
-        tower 0). Updates the forward pass makes to other variables
-        (`BatchNormalization`'s moving statistics) are kept on tower 0 only,
-        whose are those of one device when statistics are synchronised.
+        `tower` defaults to the current tower (the replica context's; 0 outside
+        `tf.distribute.Strategy.run`). Open it inside the `tf.GradientTape`,
+        around the forward pass and the loss; it yields the variables to
+        differentiate (`variables` itself on tower 0). Updates that the forward
+        pass makes to other variables (`BatchNormalization`'s moving
+        statistics) are kept on tower 0 only: with synchronised statistics
+        they are one device's; with ``sync_batch_norm=False`` they are tower
+        0's own.
 
         Raises:
             ValueError: If `variables` are not the replicated variables.
@@ -213,6 +230,9 @@ class Replicas:
                 f"replicated. Received: {len(variables)} variables, "
                 f"{len(self._primaries)} replicated"
             )
+        if tower is None:
+            context = tf.distribute.get_replica_context()
+            tower = int(tf.get_static_value(context.replica_id_in_sync_group))
         if tower == 0:
             yield list(variables)
             return

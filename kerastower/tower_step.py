@@ -113,13 +113,8 @@ class TowerStep:
 
             replicas = model._replicas
             if replicas is not None:
-                if model._gradient_accumulator is not None:
-                    raise ValueError(
-                        "`replicate_variables=True` does not support "
-                        "GradientAccumulation yet. Received: "
-                        "replicate_variables=True with GradientAccumulation"
-                    )
-                replicas.ensure(trainable, model.optimizer)
+                accumulating = model._gradient_accumulator is not None
+                replicas.ensure(trainable, model.optimizer, accumulating)
             gradients, loss, y_pred, global_batch_size = self.tower_gradients(
                 loss_fn,
                 trainable,
@@ -212,13 +207,12 @@ class TowerStep:
         connected: list[int] = []
 
         def tower_fn(shard, weight, losses):
-            reading = contextlib.nullcontext(variables)
-            if replicas is not None:
-                context = tf.distribute.get_replica_context()
-                tower = tf.get_static_value(context.replica_id_in_sync_group)
-                reading = replicas.reading(int(tower), variables)
             with tf.GradientTape() as tape:
-                with reading as read:
+                with (
+                    contextlib.nullcontext(variables)
+                    if replicas is None
+                    else replicas.reading(variables)
+                ) as read:
                     loss, outputs = loss_fn(shard)
                     loss, per_output = self.weigh_loss(loss, weight, losses)
                     scaled = loss if scale_loss is None else scale_loss(loss)

@@ -46,9 +46,10 @@ def assert_replicas_in_sync(model):
             assert copy.value.device.endswith(model.tower_devices[tower][-5:])
             np.testing.assert_array_equal(copy.numpy(), primary.numpy())
         clone = replicas._clones[tower - 1]
+        # Not the learning rate: the clones copy it before each step, so a
+        # rate that a callback changed after the last step has not reached
+        # them yet.
         assert int(clone.iterations.numpy()) == int(model.optimizer.iterations.numpy())
-        # The clones copy the learning rate before each step: a rate that a
-        # callback changed after the last step has not reached them yet.
 
 
 @pytest.mark.parametrize("towers", [2, 4])
@@ -65,6 +66,31 @@ def test_mlp_matches_one_device(towers, batch_size, optimizer):
     plain, towered = twin(mlp, towers, replicate_variables=True)
     compile_both(plain, towered, optimizer)
     ha, hb = fit_pair(plain, towered, x, y, batch_size=batch_size, epochs=2)
+    assert_same_history(ha, hb)
+    assert_same_weights(plain, towered)
+    assert_replicas_in_sync(towered)
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        dict(optimizer=keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(0.1))),
+        dict(optimizer=keras.optimizers.Adam(0.01), run_eagerly=True),
+    ],
+    ids=["loss_scale", "run_eagerly"],
+)
+def test_loss_scale_optimizer_and_eager_steps(options):
+    options = dict(options)
+    optimizer = options.pop("optimizer")
+    x, y = regression_data(n=23)
+    plain, towered = twin(mlp, 4, replicate_variables=True)
+    for model in (plain, towered):
+        model.compile(
+            optimizer=keras.optimizers.get(keras.optimizers.serialize(optimizer)),
+            loss="mse",
+            **options,
+        )
+    ha, hb = fit_pair(plain, towered, x, y, batch_size=6, epochs=2)
     assert_same_history(ha, hb)
     assert_same_weights(plain, towered)
     assert_replicas_in_sync(towered)

@@ -278,3 +278,25 @@ def test_pack_and_unpack_are_inverse():
     assert flat.shape == (7,)
     for before, after in zip(tensors, unpack(flat, [t.shape for t in tensors])):
         np.testing.assert_array_equal(before.numpy(), after.numpy())
+
+
+def test_towers_read_their_replicas_not_the_model_variables():
+    x, y = regression_data(n=24)
+    plain, towered = twin(mlp, 2, replicate_variables=True)
+    compile_both(plain, towered, keras.optimizers.SGD(0.1))
+    fit_pair(plain, towered, x, y, batch_size=8, epochs=1)
+    replicas = towered._replicas
+    copy = replicas.replica_variables(1)[0]
+    copy.assign(copy.numpy() + 1.0)
+    kernel = towered.layers[1].kernel
+    with replicas.reading(towered.trainable_weights, tower=1) as read:
+        assert read == replicas.replica_variables(1)
+        inside = keras.ops.convert_to_numpy(kernel.value)
+    np.testing.assert_array_equal(inside, copy.numpy())
+    np.testing.assert_array_equal(kernel.numpy() + 1.0, copy.numpy())
+    # A replica that differs from the model changes tower 1's gradient (only
+    # `fit`, `set_weights` and `load_weights` copy the model to the replicas).
+    for model in (plain, towered):
+        model.train_on_batch(x[:8], y[:8])
+    difference = np.abs(plain.get_weights()[0] - towered.get_weights()[0]).max()
+    assert difference > 1e-3

@@ -114,28 +114,35 @@ class Replicas:
         self._clones: list[Any] = []
         self._tokens: list[tf.Variable] = []
 
-    def ensure(
-        self,
-        variables: Sequence[keras.Variable],
-        optimizer: Any,
-        accumulating: bool = False,
-    ) -> None:
+    @staticmethod
+    def check(model: keras.Model) -> None:
+        """Checks that `model`'s training step can run with replicas.
+
+        Raises:
+            ValueError: If `kerastower.callbacks.GradientAccumulation` is
+                active or the step is compiled with XLA (``jit_compile``),
+                which replicas do not support.
+        """
+        if model._gradient_accumulator is not None:
+            raise ValueError(
+                "`replicate_variables=True` does not support GradientAccumulation "
+                "yet. Received: replicate_variables=True with GradientAccumulation"
+            )
+        if model.jit_compile:
+            raise ValueError(
+                "`replicate_variables=True` does not support XLA: its all-reduce "
+                "spans devices. Compile with `jit_compile=False`. Received: "
+                "jit_compile=True"
+            )
+
+    def ensure(self, variables: Sequence[keras.Variable], optimizer: Any) -> None:
         """Makes the replicas of `variables` and clones of `optimizer`.
 
         Does nothing when they exist for these very variables and optimizer
         (a new `compile` or a change of ``trainable`` makes new ones). Runs
         eagerly, also while a step is traced; the optimizer is built on
         `variables` first if it is not built yet.
-
-        Raises:
-            ValueError: If `accumulating` (`GradientAccumulation` is active),
-                which replicas do not support yet.
         """
-        if accumulating:
-            raise ValueError(
-                "`replicate_variables=True` does not support GradientAccumulation "
-                "yet. Received: replicate_variables=True with GradientAccumulation"
-            )
         key = (tuple(id(v) for v in variables), id(optimizer))
         if key == self._key:
             return

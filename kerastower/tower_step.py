@@ -113,8 +113,8 @@ class TowerStep:
 
             replicas = model._replicas
             if replicas is not None:
-                accumulating = model._gradient_accumulator is not None
-                replicas.ensure(trainable, model.optimizer, accumulating)
+                replicas.check(model)
+                replicas.ensure(trainable, model.optimizer)
             gradients, loss, y_pred, global_batch_size = self.tower_gradients(
                 loss_fn,
                 trainable,

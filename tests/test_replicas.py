@@ -270,6 +270,10 @@ def test_errors():
             verbose=0,
             callbacks=[kerastower.callbacks.GradientAccumulation(2)],
         )
+    _, towered = twin(mlp, 2, replicate_variables=True)
+    towered.compile(optimizer="sgd", loss="mse", jit_compile=True)
+    with pytest.raises(ValueError, match="does not support XLA.*jit_compile=True"):
+        towered.fit(x, y, batch_size=4, verbose=0)
 
 
 def test_pack_and_unpack_are_inverse():

@@ -281,7 +281,7 @@ class Replicas:
             clone = self._clones[tower - 1]
             with tf.device(self.devices[tower]):
                 for primary, state in zip(self._optimizer.variables, clone.variables):
-                    if state.shape.rank == 0:  # iterations, learning rate, scale
+                    if len(state.shape) == 0:  # iterations, learning rate, scale
                         state.assign(primary.value)
                 clone.apply_gradients(zip(summed[tower], [copies[j] for j in indices]))
         return summed[0]

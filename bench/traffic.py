@@ -86,6 +86,8 @@ MODELS = {
 }
 SETUPS = {
     "tower": "kerastower.TowerModel.from_model(model, towers=N)",
+    "tower_replicas": "kerastower.TowerModel.from_model(model, towers=N, "
+    "replicate_variables=True): per-tower replicas, ring all-reduce",
     "mirrored_ring": "tf.distribute.MirroredStrategy(devices): default "
     "cross-device ops, CollectiveAllReduce with the RING implementation on CPUs",
     "mirrored_one": "tf.distribute.MirroredStrategy(devices, "
@@ -378,9 +380,13 @@ def _worker(model_name: str, setup: str, devices: int, batch_size: int) -> None:
         )
         return model
 
-    if setup == "tower":
+    if setup in ("tower", "tower_replicas"):
         model = compiled(
-            kerastower.TowerModel.from_model(_build(model_name), towers=devices)
+            kerastower.TowerModel.from_model(
+                _build(model_name),
+                towers=devices,
+                replicate_variables=setup == "tower_replicas",
+            )
         )
     else:
         cross_device_ops = {

@@ -12,6 +12,7 @@ import tensorflow as tf
 from kerastower import _keras_compat, cluster, custom_step, multi_worker
 from kerastower import devices as devices_lib
 from kerastower._keras_compat import Functional, functional_init_arguments
+from kerastower.replicas import Replicas, SyncReplicas
 from kerastower.strategy import TowerStrategy
 from kerastower.tower_step import TowerStep
 
@@ -90,13 +91,23 @@ class TowerModel(_keras_compat.TrainerHooks, keras.Model):
             worker. ``None`` takes `kerastower.worker_strategy()` when
             `TF_CONFIG` names two or more workers, and trains on this worker
             alone otherwise. Defaults to ``None``.
+        replicate_variables: Whether each tower trains on its own replica of
+            the trainable variables, kept equal to the model's by applying
+            the same ring all-reduced gradient with a clone of the optimizer
+            on every tower (see `kerastower.replicas`): no device then moves
+            much more than a ring all-reduce, ``2 (N-1)/N`` times the
+            gradient bytes per step, instead of about ``N`` times that on the
+            first tower. The model's variables stay ordinary variables.
+            Single worker and the built-in `train_step` only. Defaults to
+            ``False``.
         **kwargs: Passed to `keras.Model`.
 
     Raises:
         ValueError: If `towers` is not ``None``, an integer of at least 1 or a
             list of existing device names, or asks for more devices than are
-            visible; or if `strategy` is not ``None`` or a
-            `tf.distribute.Strategy`.
+            visible; if `strategy` is not ``None`` or a
+            `tf.distribute.Strategy`; or if `replicate_variables` is set with
+            several workers.
     """
 
     def __new__(cls, *args: Any, **kwargs: Any):
@@ -110,6 +121,7 @@ class TowerModel(_keras_compat.TrainerHooks, keras.Model):
         towers: int | Sequence[str] | None = None,
         sync_batch_norm: bool = True,
         strategy: tf.distribute.Strategy | None = None,
+        replicate_variables: bool = False,
         **kwargs: Any,
     ):
         self._tower_devices = devices_lib.resolve_towers(towers)
@@ -124,6 +136,13 @@ class TowerModel(_keras_compat.TrainerHooks, keras.Model):
         if strategy is None and cluster.is_multi_worker():
             strategy = multi_worker.worker_strategy()
         self._worker_strategy = strategy
+        self.replicate_variables = bool(replicate_variables)
+        if self.replicate_variables and self.num_workers > 1:
+            raise ValueError(
+                "`replicate_variables=True` supports one worker only. "
+                f"Received: replicate_variables=True with {self.num_workers} "
+                "workers"
+            )
         if functional_init_arguments(args, kwargs) and not isinstance(self, Functional):
             # `super().__init__(inputs=..., outputs=...)` in a subclass's
             # `__init__`: become the functional variant of the subclass here,
@@ -136,6 +155,9 @@ class TowerModel(_keras_compat.TrainerHooks, keras.Model):
         self._tower_strategy = None
         self._tower_step = TowerStep(self)
         self._gradient_accumulator = None
+        self._replicas = None
+        if self.replicate_variables and self.num_towers > 1:
+            self._replicas = Replicas(self._tower_devices)
         custom_step.warn_if_not_split(type(self), TowerModel.train_step)
 
     @property
@@ -289,12 +311,31 @@ class TowerModel(_keras_compat.TrainerHooks, keras.Model):
             # checkpoint callback has loaded the chief's state.
             callbacks = list(kwargs.pop("callbacks", None) or [])
             kwargs["callbacks"] = callbacks + [multi_worker.BroadcastFromChief()]
+        if (
+            self._replicas is not None
+            and type(self).train_step is TowerModel.train_step
+        ):
+            # Last, so that the replicas copy weights that callbacks restored.
+            callbacks = list(kwargs.pop("callbacks", None) or [])
+            kwargs["callbacks"] = callbacks + [SyncReplicas(self._replicas)]
         return super().fit(*args, **kwargs)
+
+    def set_weights(self, weights) -> None:
+        super().set_weights(weights)
+        if self._replicas is not None:
+            self._replicas.sync()
+
+    def load_weights(self, *args: Any, **kwargs: Any):
+        result = super().load_weights(*args, **kwargs)
+        if self._replicas is not None:
+            self._replicas.sync()
+        return result
 
     def get_config(self) -> dict[str, Any]:
         config = super().get_config()
         config["towers"] = self._towers_arg
         config["sync_batch_norm"] = self.sync_batch_norm
+        config["replicate_variables"] = self.replicate_variables
         return config
 
     @classmethod

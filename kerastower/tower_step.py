@@ -93,11 +93,16 @@ class TowerStep:
                 )
                 return loss, y_pred
 
+            replicas = model._replicas
+            if replicas is not None:
+                replicas.check(model)
+                replicas.ensure(trainable, model.optimizer)
             gradients, loss, y_pred, global_batch_size = self.tower_gradients(
                 loss_fn,
                 trainable,
                 (x, y, sample_weight),
                 scale_loss=model.optimizer.scale_loss,
+                replicas=replicas,
             )
             loss, gradients = self.sum_gradients_over_workers(loss, gradients)
         accumulator = model._gradient_accumulator
@@ -170,22 +175,30 @@ class TowerStep:
             scaled = model.optimizer.scale_loss(loss)
         return tape.gradient(scaled, trainable), loss, y_pred
 
-    def tower_gradients(self, loss_fn, variables, data, scale_loss=None):
+    def tower_gradients(self, loss_fn, variables, data, scale_loss=None, replicas=None):
         """The one-device gradients and loss of `data`, from the towers.
 
         ``loss_fn(shard)`` returns ``(loss, outputs)``: the shard's loss as
         one device computes it (weighted by `loss_weighting.weigh_loss`) and per-example
         outputs. Returns ``(gradients, loss, outputs, B)``, summed or
         concatenated over this worker's towers; ``B`` is the global batch.
+        With `replicas` (a `kerastower.replicas.Replicas` of `variables`),
+        each tower reads its replicas, and the replicas are updated with the
+        all-reduced gradients; the gradients returned are tower 0's.
         """
         connected: list[int] = []
 
         def tower_fn(shard, weight, losses):
             with tf.GradientTape() as tape:
-                loss, outputs = loss_fn(shard)
-                loss, per_output = weigh_loss(loss, weight, losses)
-                scaled = loss if scale_loss is None else scale_loss(loss)
-            grads = tape.gradient(scaled, variables)
+                with (
+                    contextlib.nullcontext(variables)
+                    if replicas is None
+                    else replicas.reading(variables)
+                ) as read:
+                    loss, outputs = loss_fn(shard)
+                    loss, per_output = weigh_loss(loss, weight, losses)
+                    scaled = loss if scale_loss is None else scale_loss(loss)
+            grads = tape.gradient(scaled, read)
             connected[:] = [j for j, g in enumerate(grads) if g is not None]
             return (
                 [grads[j] for j in connected],
@@ -204,10 +217,14 @@ class TowerStep:
                 rows = has_static_rows([t[0][k] for t in per_tower])
                 rows = rows if traced is None else j in traced
                 static_rows[j] = static_rows.get(j, True) and rows
-            grads = [
-                sum_gradients([t[0][k] for t in per_tower], static_rows[j])
-                for k, j in enumerate(connected)
-            ]
+            static = [static_rows[j] for j in connected]
+            if replicas is not None:
+                grads = replicas.update([t[0] for t in per_tower], connected, static)
+            else:
+                grads = [
+                    sum_gradients([t[0][k] for t in per_tower], rows)
+                    for k, rows in enumerate(static)
+                ]
             return grads, loss, outputs, per_output, masks
 
         (grads, loss, outputs, per_output, masks), total = self.split_run(

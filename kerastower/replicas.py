@@ -1,0 +1,377 @@
+"""Per-tower replicas of a model's trainable variables (``replicate_variables``).
+
+Without replicas every tower reads the model's variables from the first
+tower's device and sends its gradients back there, so that device moves about
+``2 (N-1) * G`` bytes per step for ``N`` towers and ``G`` gradient bytes,
+``N`` times the ``2 (N-1)/N * G`` of a ring all-reduce. With
+``TowerModel(..., replicate_variables=True)`` a training step runs as
+`tf.distribute.MirroredStrategy` does, with kerastower's exact gradients:
+
+1. Tower 0 reads the model's own (primary) variables, which live on its
+   device; tower ``i >= 1`` reads its replica ``w_i`` of each trainable
+   variable, on its own device (`Replicas.reading`, a `keras.StatelessScope`
+   that maps each primary variable to the replica's value, so the layers run
+   unchanged and the tape differentiates the replica).
+2. Each tower's weighted gradient ``g_i = (n_i / B) dL_i/dw`` (see
+   `kerastower.tower_step`) is all-reduced: the dense gradients of one dtype
+   are packed into one buffer per tower and summed with one
+   ``CollectiveReduceV2`` (ring on CPUs, NCCL on GPUs with
+   ``communication_hint="auto"``), so every tower receives the same
+   ``g = sum_i g_i``: the ring's all-gather copies each reduced chunk, so the
+   towers' sums are bitwise identical. Sparse gradients (`tf.IndexedSlices`)
+   are summed on tower 0 exactly as without replicas
+   (`kerastower.sharding.sum_gradients`) and that one sum is sent to every
+   tower.
+3. Tower 0's sum goes to the model's optimizer as without replicas; tower
+   ``i >= 1`` applies its (identical) sum to its replica with its own clone
+   of the optimizer (same class and config, slot variables on its device).
+   Before each update the clone copies the optimizer's scalar state
+   (``iterations``, a learning rate a callback may have changed, a loss
+   scale) from the model's optimizer, so each replica takes the very update
+   the primary takes: ``w_i <- update(w_i, g, state_i) == update(w, g,
+   state)`` whenever ``w_i == w`` and ``state_i == state`` before the step.
+
+A batch smaller than the number of towers runs whole on tower 0 (see
+`kerastower.tower_step.TowerStep.split_run`); its gradient is then sent to
+every replica. The replicas and the clones' state are copied from the model
+(`Replicas.sync`) when they are made, at the start of each `fit`, and after
+`set_weights` and `load_weights`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import keras
+import tensorflow as tf
+
+from kerastower.sharding import sum_gradients
+
+# TensorFlow's strategies number their collective groups up from 1, and
+# `kerastower.tower_sum` uses 0x6B740001; one group per set of tower devices.
+_GROUP_KEY_BASE = 0x6B741000
+_group_keys: dict[tuple[str, ...], int] = {}
+_next_instance_key = 1 << 24
+
+
+def group_key(devices: Sequence[str]) -> int:
+    """The collective group key of the towers on `devices` (one per set)."""
+    key = tuple(devices)
+    if key not in _group_keys:
+        _group_keys[key] = _GROUP_KEY_BASE + len(_group_keys)
+    return _group_keys[key]
+
+
+def new_instance_key() -> int:
+    """A collective instance key no replica all-reduce has used yet."""
+    global _next_instance_key
+    _next_instance_key += 1
+    return _next_instance_key
+
+
+def pack(tensors: Sequence[tf.Tensor]) -> tf.Tensor:
+    """Flattens `tensors` (one dtype) into one vector, in order."""
+    return tf.concat([tf.reshape(t, [-1]) for t in tensors], axis=0)
+
+
+def unpack(flat: tf.Tensor, shapes: Sequence[tf.TensorShape]) -> list[tf.Tensor]:
+    """Undoes `pack` for tensors of the given static `shapes`."""
+    sizes = [shape.num_elements() for shape in shapes]
+    return [
+        tf.reshape(piece, shape)
+        for piece, shape in zip(tf.split(flat, sizes, num=len(sizes)), shapes)
+    ]
+
+
+class Replicas:
+    """Replicas of a model's trainable variables and optimizer on its towers.
+
+    Made by `kerastower.TowerModel` when ``replicate_variables=True``; see the
+    module docstring for the step. Tower 0 holds the model's own variables
+    and optimizer; towers ``1 .. N-1`` hold a replica of each trainable
+    variable and a clone of the optimizer, made by `ensure`.
+
+    Args:
+        devices: The ``N`` tower devices, tower 0 first.
+
+    Raises:
+        ValueError: If `devices` names fewer than 2 towers.
+    """
+
+    def __init__(self, devices: Sequence[str]):
+        if len(devices) < 2:
+            raise ValueError(
+                "`devices` must name at least 2 towers to replicate variables "
+                f"over. Received: devices={list(devices)}"
+            )
+        self.devices = list(devices)
+        self._key: tuple | None = None
+        self._primaries: list[keras.Variable] = []
+        self._optimizer: Any = None
+        self._copies: list[list[keras.Variable]] = []
+        self._clones: list[Any] = []
+        self._tokens: list[tf.Variable] = []
+
+    @staticmethod
+    def check(model: keras.Model) -> None:
+        """Checks that `model`'s training step can run with replicas.
+
+        Raises:
+            ValueError: If `kerastower.callbacks.GradientAccumulation` is
+                active or the step is compiled with XLA (``jit_compile``),
+                which replicas do not support.
+        """
+        if model._gradient_accumulator is not None:
+            raise ValueError(
+                "`replicate_variables=True` does not support GradientAccumulation "
+                "yet. Received: replicate_variables=True with GradientAccumulation"
+            )
+        if model.jit_compile:
+            raise ValueError(
+                "`replicate_variables=True` does not support XLA: its all-reduce "
+                "spans devices. Compile with `jit_compile=False`. Received: "
+                "jit_compile=True"
+            )
+
+    def ensure(self, variables: Sequence[keras.Variable], optimizer: Any) -> None:
+        """Makes the replicas of `variables` and clones of `optimizer`.
+
+        Does nothing when they exist for these very variables and optimizer
+        (a new `compile` or a change of ``trainable`` makes new ones). Runs
+        eagerly, also while a step is traced; the optimizer is built on
+        `variables` first if it is not built yet.
+        """
+        key = (tuple(id(v) for v in variables), id(optimizer))
+        if key == self._key:
+            return
+        with tf.init_scope():
+            if not optimizer.built:
+                optimizer.build(list(variables))
+            self._primaries, self._optimizer = list(variables), optimizer
+            self._copies, self._clones, self._tokens = [], [], []
+            for device in self.devices:
+                with tf.device(device):
+                    # Orders this tower's collectives (as `MirroredStrategy`
+                    # does); without it, automatic control dependencies chain
+                    # the towers' collectives, which then wait for each other.
+                    self._tokens.append(tf.Variable(0.0, trainable=False))
+            for device in self.devices[1:]:
+                with tf.device(device):
+                    copies = [
+                        keras.Variable(tf.identity(v.value), dtype=v.dtype, name=v.name)
+                        for v in variables
+                    ]
+                    clone = type(optimizer).from_config(optimizer.get_config())
+                    clone.build(copies)
+                self._copies.append(copies)
+                self._clones.append(clone)
+            self._key = key
+            self.sync()
+
+    @property
+    def built(self) -> bool:
+        """Whether `ensure` has made the replicas."""
+        return self._key is not None
+
+    def replica_variables(self, tower: int) -> list[keras.Variable]:
+        """Tower `tower`'s trainable variables: the model's own on tower 0."""
+        if not 0 <= tower < len(self.devices):
+            raise ValueError(
+                f"`tower` must be in [0, {len(self.devices)}). Received: tower={tower}"
+            )
+        return self._primaries if tower == 0 else self._copies[tower - 1]
+
+    def sync(self) -> None:
+        """Copies the model's variables and optimizer state to every replica.
+
+        Runs eagerly. The optimizer must hold the same variables, in the same
+        order and shapes, as each clone (it does when built on the model's
+        trainable variables, as Keras builds it).
+
+        Raises:
+            ValueError: If the model's optimizer does not match its clones.
+        """
+        if not self.built:
+            return
+        with tf.init_scope():
+            primary_state = list(self._optimizer.variables)
+            for copies, clone in zip(self._copies, self._clones):
+                state = list(clone.variables)
+                shapes = [tuple(v.shape) for v in primary_state]
+                if shapes != [tuple(v.shape) for v in state]:
+                    raise ValueError(
+                        "The model's optimizer must hold state for exactly the "
+                        "model's trainable variables to be replicated; build it "
+                        "on `model.trainable_variables` or compile again. "
+                        f"Received: optimizer state shapes={shapes}, expected "
+                        f"{[tuple(v.shape) for v in state]}"
+                    )
+                for primary, copy in zip(self._primaries, copies):
+                    copy.assign(primary.value)
+                for primary, copy in zip(primary_state, state):
+                    copy.assign(primary.value)
+
+    @contextlib.contextmanager
+    def reading(
+        self, variables: Sequence[keras.Variable], tower: int | None = None
+    ) -> Iterator[list[keras.Variable]]:
+        """Makes the model read tower `tower`'s replicas while open.
+
+        `tower` defaults to the current tower (the replica context's; 0 outside
+        `tf.distribute.Strategy.run`). Open it inside the `tf.GradientTape`,
+        around the forward pass and the loss; it yields the variables to
+        differentiate (`variables` itself on tower 0). Updates that the forward
+        pass makes to other variables (`BatchNormalization`'s moving
+        statistics) are kept on tower 0 only: with synchronised statistics
+        they are one device's; with ``sync_batch_norm=False`` they are tower
+        0's own.
+
+        Raises:
+            ValueError: If `variables` are not the replicated variables.
+        """
+        if [id(v) for v in variables] != [id(v) for v in self._primaries]:
+            raise ValueError(
+                "`variables` must be the model's trainable variables that were "
+                f"replicated. Received: {len(variables)} variables, "
+                f"{len(self._primaries)} replicated"
+            )
+        if tower is None:
+            context = tf.distribute.get_replica_context()
+            tower = int(tf.get_static_value(context.replica_id_in_sync_group))
+        if tower == 0:
+            yield list(variables)
+            return
+        copies = self._copies[tower - 1]
+        mapping = [
+            (p, tf.convert_to_tensor(c.value)) for p, c in zip(variables, copies)
+        ]
+        with keras.StatelessScope(
+            state_mapping=mapping, collect_losses=True, initialize_variables=False
+        ):
+            yield copies
+
+    def update(
+        self,
+        per_tower: Sequence[Sequence[Any]],
+        indices: Sequence[int],
+        static_rows: Sequence[bool | None] | None = None,
+    ) -> list[Any]:
+        """All-reduces the towers' gradients and updates every replica.
+
+        Args:
+            per_tower: Each tower's gradients of the variables at `indices`
+                (of the replicated list), tower 0 first; one list when the
+                batch ran whole on tower 0.
+            indices: Which replicated variables the gradients belong to.
+            static_rows: Per gradient, `kerastower.sharding.sum_gradients`'s
+                ``static_rows`` for sparse ones (``None``: from the shapes).
+
+        Returns:
+            Tower 0's summed gradients, on its device, for the model's own
+            optimizer.
+        """
+        if len(per_tower) == 1:
+            summed = [list(per_tower[0])] * len(self.devices)
+        elif len(per_tower) == len(self.devices):
+            summed = self.all_reduce(per_tower, static_rows)
+        else:
+            raise ValueError(
+                f"`per_tower` must hold 1 or {len(self.devices)} gradient lists. "
+                f"Received: {len(per_tower)}"
+            )
+        for tower in range(1, len(self.devices)):
+            copies = self._copies[tower - 1]
+            clone = self._clones[tower - 1]
+            with tf.device(self.devices[tower]):
+                for primary, state in zip(self._optimizer.variables, clone.variables):
+                    if len(state.shape) == 0:  # iterations, learning rate, scale
+                        state.assign(primary.value)
+                clone.apply_gradients(zip(summed[tower], [copies[j] for j in indices]))
+        return summed[0]
+
+    def all_reduce(
+        self,
+        per_tower: Sequence[Sequence[Any]],
+        static_rows: Sequence[bool | None] | None = None,
+    ) -> list[list[Any]]:
+        """Sums the towers' gradients; every tower gets the sum on its device.
+
+        Dense gradients of one dtype go in one packed ring all-reduce; sparse
+        ones are summed on tower 0 by `kerastower.sharding.sum_gradients`.
+        """
+        count = len(per_tower[0])
+        static_rows = static_rows or [None] * count
+        out = [[None] * count for _ in per_tower]
+        sparse = [
+            k
+            for k in range(count)
+            if all(isinstance(t[k], tf.IndexedSlices) for t in per_tower)
+        ]
+        for k in sparse:
+            with tf.device(self.devices[0]):
+                total = sum_gradients([t[k] for t in per_tower], static_rows[k])
+            for grads in out:
+                grads[k] = total
+        dense = [k for k in range(count) if k not in sparse]
+        for dtype in sorted({per_tower[0][k].dtype for k in dense}, key=str):
+            where = [k for k in dense if per_tower[0][k].dtype == dtype]
+            shapes = [per_tower[0][k].shape for k in where]
+            flats = []
+            for tower, grads in enumerate(per_tower):
+                with tf.device(self.devices[tower]):
+                    flats.append(pack([tf.convert_to_tensor(grads[k]) for k in where]))
+            for tower, total in enumerate(self._ring_sum(flats)):
+                with tf.device(self.devices[tower]):
+                    for k, value in zip(where, unpack(total, shapes)):
+                        out[tower][k] = value
+        return out
+
+    def _ring_sum(self, flats: Sequence[tf.Tensor]) -> list[tf.Tensor]:
+        """One ``CollectiveReduceV2`` per tower, summing `flats` over towers."""
+        key = new_instance_key()
+        group = group_key(self.devices)
+
+        def launch(flats):
+            summed = []
+            for device, flat, token in zip(self.devices, flats, self._tokens):
+                with tf.device(device):
+                    summed.append(
+                        tf.raw_ops.CollectiveReduceV2(
+                            input=flat,
+                            group_size=len(self.devices),
+                            group_key=group,
+                            instance_key=key,
+                            ordering_token=[token.handle],
+                            merge_op="Add",
+                            final_op="Id",
+                            communication_hint="auto",
+                        )
+                    )
+            return summed
+
+        if tf.executing_eagerly():
+            # Eagerly each collective would wait for the others in turn.
+            return tf.function(launch)(list(flats))
+        return launch(list(flats))
+
+
+class SyncReplicas(keras.callbacks.Callback):
+    """Makes and syncs a `TowerModel`'s replicas when `fit` begins.
+
+    `TowerModel.fit` adds it after the user's callbacks, so it sees weights
+    that theirs restored (`BackupAndRestore`, a resumed checkpoint).
+
+    Args:
+        replicas: The model's `Replicas`.
+    """
+
+    def __init__(self, replicas: Replicas):
+        super().__init__()
+        self.replicas = replicas
+
+    def on_train_begin(self, logs=None):
+        if self.model.trainable_weights and self.model.optimizer is not None:
+            self.replicas.ensure(self.model.trainable_weights, self.model.optimizer)
+        self.replicas.sync()

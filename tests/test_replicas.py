@@ -1,0 +1,306 @@
+"""``replicate_variables=True`` trains exactly as one device, replicas in sync."""
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+from oracle import (
+    assert_close,
+    assert_same_history,
+    assert_same_weights,
+    mlp,
+    regression_data,
+    twin,
+)
+
+import kerastower
+from kerastower.replicas import Replicas, pack, unpack
+
+
+def compile_both(plain, towered, optimizer, loss="mse", metrics=("mae",)):
+    for model in (plain, towered):
+        model.compile(
+            optimizer=keras.optimizers.get(keras.optimizers.serialize(optimizer)),
+            loss=loss,
+            metrics=list(metrics),
+        )
+
+
+def fit_pair(plain, towered, x, y, callbacks=lambda: [], **kwargs):
+    kwargs.setdefault("verbose", 0)
+    kwargs.setdefault("shuffle", False)
+    return [
+        m.fit(x, y, callbacks=callbacks(), **kwargs).history for m in (plain, towered)
+    ]
+
+
+def assert_replicas_in_sync(model):
+    """Every tower's replica equals the model's variable bit for bit."""
+    replicas = model._replicas
+    assert replicas is not None and replicas.built
+    primaries = replicas.replica_variables(0)
+    for tower in range(1, model.num_towers):
+        copies = replicas.replica_variables(tower)
+        assert len(copies) == len(primaries)
+        for primary, copy in zip(primaries, copies):
+            assert copy.value.device.endswith(model.tower_devices[tower][-5:])
+            np.testing.assert_array_equal(copy.numpy(), primary.numpy())
+        clone = replicas._clones[tower - 1]
+        # Not the learning rate: the clones copy it before each step, so a
+        # rate that a callback changed after the last step has not reached
+        # them yet.
+        assert int(clone.iterations.numpy()) == int(model.optimizer.iterations.numpy())
+
+
+@pytest.mark.parametrize("towers", [2, 4])
+@pytest.mark.parametrize("batch_size", [1, 3, 7, 10])
+@pytest.mark.parametrize(
+    "optimizer",
+    [keras.optimizers.SGD(0.05, momentum=0.9), keras.optimizers.Adam(0.01)],
+    ids=["sgd", "adam"],
+)
+def test_mlp_matches_one_device(towers, batch_size, optimizer):
+    # 23 examples: uneven shards, a short last batch, and (batch 1 and 3 on
+    # four towers) batches smaller than the tower count.
+    x, y = regression_data(n=23)
+    plain, towered = twin(mlp, towers, replicate_variables=True)
+    compile_both(plain, towered, optimizer)
+    ha, hb = fit_pair(plain, towered, x, y, batch_size=batch_size, epochs=2)
+    assert_same_history(ha, hb)
+    assert_same_weights(plain, towered)
+    assert_replicas_in_sync(towered)
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        dict(optimizer=keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(0.1))),
+        dict(optimizer=keras.optimizers.Adam(0.01), run_eagerly=True),
+    ],
+    ids=["loss_scale", "run_eagerly"],
+)
+def test_loss_scale_optimizer_and_eager_steps(options):
+    options = dict(options)
+    optimizer = options.pop("optimizer")
+    x, y = regression_data(n=23)
+    plain, towered = twin(mlp, 4, replicate_variables=True)
+    for model in (plain, towered):
+        model.compile(
+            optimizer=keras.optimizers.get(keras.optimizers.serialize(optimizer)),
+            loss="mse",
+            **options,
+        )
+    ha, hb = fit_pair(plain, towered, x, y, batch_size=6, epochs=2)
+    assert_same_history(ha, hb)
+    assert_same_weights(plain, towered)
+    assert_replicas_in_sync(towered)
+
+
+def test_multi_epoch_fit_with_validation_evaluate_and_predict():
+    x, y = regression_data(n=40)
+    xv, yv = regression_data(n=13, seed=1)
+    plain, towered = twin(
+        lambda: mlp(kernel_regularizer="l2", activity_regularizer="l1"),
+        4,
+        replicate_variables=True,
+    )
+    compile_both(plain, towered, keras.optimizers.Adam(0.01))
+    ha, hb = fit_pair(
+        plain, towered, x, y, batch_size=9, epochs=3, validation_data=(xv, yv)
+    )
+    assert "val_loss" in hb
+    assert_same_history(ha, hb)
+    assert_same_weights(plain, towered)
+    assert_replicas_in_sync(towered)
+    assert_close(
+        towered.evaluate(xv, yv, batch_size=5, verbose=0),
+        plain.evaluate(xv, yv, batch_size=5, verbose=0),
+    )
+    assert_close(
+        towered.predict(xv, batch_size=5, verbose=0),
+        plain.predict(xv, batch_size=5, verbose=0),
+    )
+
+
+def batch_norm_model():
+    keras.utils.set_random_seed(0)
+    inputs = keras.Input((5,))
+    hidden = keras.layers.Dense(6)(inputs)
+    hidden = keras.layers.BatchNormalization()(hidden)
+    outputs = keras.layers.Dense(1)(keras.layers.Activation("relu")(hidden))
+    return keras.Model(inputs, outputs)
+
+
+@pytest.mark.parametrize("towers", [2, 4])
+def test_batch_normalization(towers):
+    x, y = regression_data(n=29)
+    plain, towered = twin(batch_norm_model, towers, replicate_variables=True)
+    compile_both(plain, towered, keras.optimizers.SGD(0.05))
+    ha, hb = fit_pair(plain, towered, x, y, batch_size=10, epochs=2)
+    assert_same_history(ha, hb)
+    # Moving statistics (non-trainable, updated by tower 0 only) included.
+    assert_same_weights(plain, towered)
+    assert_replicas_in_sync(towered)
+
+
+def embedding_model():
+    keras.utils.set_random_seed(0)
+    inputs = keras.Input((6,), dtype="int32")
+    hidden = keras.layers.Embedding(50, 4)(inputs)
+    hidden = keras.layers.GlobalAveragePooling1D()(hidden)
+    return keras.Model(inputs, keras.layers.Dense(1)(hidden))
+
+
+@pytest.mark.parametrize("towers", [2, 4])
+def test_embedding_with_adam_sparse_gradients(towers):
+    rng = np.random.default_rng(0)
+    # Few distinct ids: rows repeat within and across towers, which Adam
+    # would get wrong if the sparse rows were not combined as one device.
+    x = rng.integers(0, 8, size=(30, 6)).astype("int32")
+    y = rng.normal(size=(30, 1)).astype("float32")
+    plain, towered = twin(embedding_model, towers, replicate_variables=True)
+    compile_both(plain, towered, keras.optimizers.Adam(0.05))
+    ha, hb = fit_pair(plain, towered, x, y, batch_size=7, epochs=2)
+    assert_same_history(ha, hb)
+    assert_same_weights(plain, towered)
+    assert_replicas_in_sync(towered)
+
+
+@pytest.mark.parametrize("how", ["set_weights", "load_weights"])
+def test_weights_changed_between_fits_are_copied_to_the_replicas(how, tmp_path):
+    x, y = regression_data(n=24)
+    plain, towered = twin(mlp, 4, replicate_variables=True)
+    compile_both(plain, towered, keras.optimizers.Adam(0.01))
+    fit_pair(plain, towered, x, y, batch_size=8, epochs=1)
+    new = [w + 0.5 for w in mlp(seed=3).get_weights()]
+    plain.set_weights(new)
+    if how == "set_weights":
+        towered.set_weights(new)
+    else:
+        plain.save_weights(tmp_path / "w.weights.h5")
+        towered.load_weights(tmp_path / "w.weights.h5")
+    # Copied at once, not only when the next fit begins.
+    assert_replicas_in_sync(towered)
+    ha, hb = fit_pair(plain, towered, x, y, batch_size=8, epochs=2)
+    assert_same_history(ha, hb)
+    assert_same_weights(plain, towered)
+    assert_replicas_in_sync(towered)
+
+
+def test_weights_assigned_directly_are_copied_when_fit_begins():
+    x, y = regression_data(n=24)
+    plain, towered = twin(mlp, 2, replicate_variables=True)
+    compile_both(plain, towered, keras.optimizers.SGD(0.1))
+    fit_pair(plain, towered, x, y, batch_size=8, epochs=1)
+    for model in (plain, towered):
+        model.layers[1].kernel.assign(np.ones((5, 7), "float32"))
+    ha, hb = fit_pair(plain, towered, x, y, batch_size=8, epochs=1)
+    assert_same_history(ha, hb)
+    assert_same_weights(plain, towered)
+    assert_replicas_in_sync(towered)
+
+
+@pytest.mark.parametrize(
+    "callback",
+    [
+        lambda: keras.callbacks.LearningRateScheduler(lambda epoch, lr: lr * 0.3),
+        lambda: keras.callbacks.ReduceLROnPlateau(
+            monitor="loss", factor=0.2, patience=0, min_delta=10.0
+        ),
+    ],
+    ids=["scheduler", "plateau"],
+)
+def test_learning_rate_changed_by_a_callback_reaches_every_tower(callback):
+    x, y = regression_data(n=24)
+    plain, towered = twin(mlp, 4, replicate_variables=True)
+    compile_both(plain, towered, keras.optimizers.SGD(0.1))
+    ha, hb = fit_pair(
+        plain, towered, x, y, callbacks=lambda: [callback()], batch_size=6, epochs=3
+    )
+    assert_same_history(ha, hb)
+    assert ha["learning_rate"][-1] < 0.05  # the callback did change it
+    assert_same_weights(plain, towered)
+    assert_replicas_in_sync(towered)
+
+
+def test_default_is_unchanged_and_the_argument_round_trips(tmp_path):
+    x, y = regression_data(n=12)
+    assert kerastower.TowerModel.from_model(mlp(), towers=2)._replicas is None
+    assert (
+        kerastower.TowerModel.from_model(
+            mlp(), towers=1, replicate_variables=True
+        )._replicas
+        is None
+    )
+    _, towered = twin(mlp, 2, replicate_variables=True)
+    assert towered.get_config()["replicate_variables"] is True
+    towered.compile(optimizer="adam", loss="mse")
+    towered.fit(x, y, batch_size=4, verbose=0)
+    path = tmp_path / "m.keras"
+    towered.save(path)
+    loaded = keras.models.load_model(path)
+    assert loaded.replicate_variables is True
+    # Replicas are not weights: the file holds the model's weights only.
+    assert len(loaded.get_weights()) == len(towered.get_weights())
+    assert_same_weights(loaded, towered)
+    # A loaded model's replicas start from the loaded weights and optimizer.
+    plain = mlp()
+    plain.set_weights(towered.get_weights())
+    plain.compile(optimizer="adam", loss="mse")
+    plain.optimizer.build(plain.trainable_variables)
+    for source, target in zip(towered.optimizer.variables, plain.optimizer.variables):
+        target.assign(source)
+    ha, hb = fit_pair(plain, loaded, x, y, batch_size=4, epochs=1)
+    assert_same_history(ha, hb)
+    assert_same_weights(plain, loaded)
+    assert_replicas_in_sync(loaded)
+
+
+def test_errors():
+    with pytest.raises(ValueError, match=r"at least 2 towers.*Received: devices="):
+        Replicas(["/CPU:0"])
+    x, y = regression_data(n=12)
+    _, towered = twin(mlp, 2, replicate_variables=True)
+    towered.compile(optimizer="sgd", loss="mse")
+    with pytest.raises(ValueError, match="does not support GradientAccumulation"):
+        towered.fit(
+            x,
+            y,
+            batch_size=4,
+            verbose=0,
+            callbacks=[kerastower.callbacks.GradientAccumulation(2)],
+        )
+    _, towered = twin(mlp, 2, replicate_variables=True)
+    towered.compile(optimizer="sgd", loss="mse", jit_compile=True)
+    with pytest.raises(ValueError, match="does not support XLA.*jit_compile=True"):
+        towered.fit(x, y, batch_size=4, verbose=0)
+
+
+def test_pack_and_unpack_are_inverse():
+    tensors = [tf.reshape(tf.range(6.0), (2, 3)), tf.constant([7.0]), tf.zeros((0,))]
+    flat = pack(tensors)
+    assert flat.shape == (7,)
+    for before, after in zip(tensors, unpack(flat, [t.shape for t in tensors])):
+        np.testing.assert_array_equal(before.numpy(), after.numpy())
+
+
+def test_towers_read_their_replicas_not_the_model_variables():
+    x, y = regression_data(n=24)
+    plain, towered = twin(mlp, 2, replicate_variables=True)
+    compile_both(plain, towered, keras.optimizers.SGD(0.1))
+    fit_pair(plain, towered, x, y, batch_size=8, epochs=1)
+    replicas = towered._replicas
+    copy = replicas.replica_variables(1)[0]
+    copy.assign(copy.numpy() + 1.0)
+    kernel = towered.layers[1].kernel
+    with replicas.reading(towered.trainable_weights, tower=1) as read:
+        assert read == replicas.replica_variables(1)
+        inside = keras.ops.convert_to_numpy(kernel.value)
+    np.testing.assert_array_equal(inside, copy.numpy())
+    np.testing.assert_array_equal(kernel.numpy() + 1.0, copy.numpy())
+    # A replica that differs from the model changes tower 1's gradient (only
+    # `fit`, `set_weights` and `load_weights` copy the model to the replicas).
+    for model in (plain, towered):
+        model.train_on_batch(x[:8], y[:8])
+    difference = np.abs(plain.get_weights()[0] - towered.get_weights()[0]).max()
+    assert difference > 1e-3

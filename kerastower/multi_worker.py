@@ -15,6 +15,7 @@ guide to several machines.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
 import keras
@@ -209,7 +210,7 @@ def gather_slices(
     return [strategy.experimental_local_results(g)[0] for g in gathered]
 
 
-def sum_over_workers(model, values: Any) -> Any:
+def sum_over_workers(model: keras.Model, values: Any) -> Any:
     """Sums a nest of tensors over the workers of `model` (identity on one).
 
     Args:
@@ -224,7 +225,12 @@ def sum_over_workers(model, values: Any) -> Any:
     return all_reduce_sum(model._worker_strategy, values)
 
 
-def sum_gradients_over_workers(model, loss, gradients, static_rows=frozenset()):
+def sum_gradients_over_workers(
+    model: keras.Model,
+    loss: tf.Tensor,
+    gradients: Sequence[Any],
+    static_rows: Collection[int] = frozenset(),
+) -> tuple[tf.Tensor, list[Any]]:
     """Sums a step's loss and gradients over the workers of `model`.
 
     Dense gradients are summed. Sparse ones keep their rows (`gather_slices`),
@@ -257,7 +263,9 @@ def sum_gradients_over_workers(model, loss, gradients, static_rows=frozenset()):
     return summed[0], gradients
 
 
-def metric_results_over_workers(model, update_metrics) -> dict:
+def metric_results_over_workers(
+    model: keras.Model, update_metrics: Callable[[], Any]
+) -> dict:
     """Runs `update_metrics` and makes every metric of `model` count all workers.
 
     Keras metrics keep additive state (totals and counts), so summing each

@@ -3,6 +3,7 @@
 import keras
 import numpy as np
 import pytest
+import tensorflow as tf
 from oracle import assert_same_history, assert_same_weights, mlp, regression_data, twin
 
 import kerastower
@@ -176,6 +177,44 @@ def test_needs_a_tower_model():
     model.compile(optimizer="sgd", loss="mse")
     with pytest.raises(ValueError, match="needs a kerastower.TowerModel"):
         model.fit(*regression_data(), callbacks=[GradientAccumulation(2)], verbose=0)
+
+
+class OwnStep(kerastower.TowerModel):
+    """The keras.io custom-fit pattern: its own tape and optimizer update."""
+
+    def train_step(self, data):
+        x, y = data
+        with tf.GradientTape() as tape:
+            loss = self.compute_loss(x, y, self(x, training=True))
+        grads = tape.gradient(loss, self.trainable_variables)
+        self.optimizer.apply_gradients(zip(grads, self.trainable_variables))
+        return {"loss": loss}
+
+
+class SuperStep(kerastower.TowerModel):
+    def train_step(self, data):
+        return super().train_step(data)
+
+
+def test_a_train_step_that_does_not_accumulate_is_refused():
+    # Its updates are its own: silently accumulating nothing would be wrong.
+    inputs = keras.Input((5,))
+    model = OwnStep(inputs, keras.layers.Dense(1)(inputs), towers=2)
+    model.compile(optimizer="sgd", loss="mse")
+    with pytest.raises(ValueError, match="OwnStep, whose step accumulated nothing"):
+        model.fit(*regression_data(), callbacks=[GradientAccumulation(2)], verbose=0)
+
+
+def test_a_train_step_that_calls_super_is_accumulated():
+    x, y = regression_data()
+    plain, towered = twin(mlp, 2)
+    model = SuperStep.from_model(towered, towers=2)
+    plain.compile(optimizer="sgd", loss="mse")
+    model.compile(optimizer="sgd", loss="mse")
+    plain.fit(x, y, batch_size=8, shuffle=False, verbose=0)
+    accumulate = GradientAccumulation(2)
+    model.fit(x, y, batch_size=4, shuffle=False, verbose=0, callbacks=[accumulate])
+    assert_same_weights(plain, model)
 
 
 def test_optimizer_gradient_accumulation_steps_points_to_the_callback():

@@ -41,8 +41,12 @@ class GradientAccumulation(keras.callbacks.Callback):
 
     Memory: one extra copy of the trainable variables (the accumulators).
     `BatchNormalization` statistics are computed per micro-batch, so they are
-    not those of the ``k * b`` batch. The accumulators are not saved in
-    checkpoints: a run resumed mid-window starts a fresh window.
+    not those of the ``k * b`` batch. `kerastower.callbacks.BackupAndRestore`
+    saves the window (its sums, examples and step), so a run resumed in the
+    middle of a window goes on in that window. It accumulates the built-in
+    training step: a model that overrides ``train_step`` applies its own
+    updates, and gets an error after its first step (one that calls
+    ``super().train_step`` is accumulated).
 
     Example:
 
@@ -72,7 +76,8 @@ class GradientAccumulation(keras.callbacks.Callback):
 
     Raises:
         ValueError: If `steps` or `epoch_end` is invalid, or (at the start of
-            training) the model is not a `kerastower.TowerModel`.
+            training) the model is not a `kerastower.TowerModel`, or its
+            ``train_step`` does not accumulate (after the first step).
     """
 
     def __init__(self, steps: int | Mapping[int, int], epoch_end: str = "apply"):
@@ -107,6 +112,7 @@ class GradientAccumulation(keras.callbacks.Callback):
         optimizer = model.optimizer
         self._apply_fn = tf.function(lambda: self._accumulator.apply_pending(optimizer))
         self._steps_per_epoch = self.params.get("steps") if self.params else None
+        self._checked = False
 
     def on_epoch_begin(self, epoch, logs=None):
         steps = steps_for_epoch(self.schedule, epoch)
@@ -115,6 +121,18 @@ class GradientAccumulation(keras.callbacks.Callback):
             self._accumulator.steps.assign(steps)
 
     def on_train_batch_end(self, batch, logs=None):
+        if not self._checked:
+            self._checked = True
+            if self._accumulator.examples.numpy() == 0 and (
+                int(self._accumulator.steps.numpy()) > 1
+            ):
+                raise ValueError(
+                    "GradientAccumulation accumulates TowerModel's own "
+                    "train_step; this model's train_step applies its updates "
+                    "itself (accumulate there instead). Received: model of "
+                    f"type {type(self.model).__name__}, whose step accumulated "
+                    "nothing"
+                )
         if self.epoch_end == "apply" and self._steps_per_epoch == batch + 1:
             self._apply_pending()
 

@@ -19,7 +19,7 @@ import tensorflow as tf
 
 import kerastower
 
-KINDS = ("plain", "tower", "mirrored", "mirrored_collective")
+KINDS = ("plain", "tower", "tower_replicas", "mirrored", "mirrored_collective")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -103,7 +103,8 @@ class Variant:
 
     Attributes:
         kind: ``"plain"`` (a `keras.Model`, one device), ``"tower"``
-            (`kerastower.TowerModel`), ``"mirrored"`` (stock Keras under
+            (`kerastower.TowerModel`), ``"tower_replicas"`` (the same with
+            ``replicate_variables=True``), ``"mirrored"`` (stock Keras under
             `MirroredStrategy` with `ReductionToOneDevice`) or
             ``"mirrored_collective"`` (stock `MirroredStrategy` with its default
             cross-device ops, collective all-reduce).
@@ -121,9 +122,11 @@ class Variant:
     def name(self) -> str:
         if self.kind == "plain":
             return "plain"
-        short = {"tower": "tower", "mirrored": "mirrored"}.get(
-            self.kind, "mirrored_coll"
-        )
+        short = {
+            "tower": "tower",
+            "tower_replicas": "tower_replicas",
+            "mirrored": "mirrored",
+        }.get(self.kind, "mirrored_coll")
         return f"{short}{self.devices}"
 
 
@@ -166,9 +169,11 @@ def build_variant(workload: Workload, variant: Variant) -> keras.Model:
 
     if variant.kind == "plain":
         return compile_model(workload.build())
-    if variant.kind == "tower":
+    if variant.kind in ("tower", "tower_replicas"):
         model = kerastower.TowerModel.from_model(
-            workload.build(), towers=variant.devices
+            workload.build(),
+            towers=variant.devices,
+            replicate_variables=variant.kind == "tower_replicas",
         )
         return compile_model(model)
     if variant.kind in ("mirrored", "mirrored_collective"):

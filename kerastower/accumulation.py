@@ -92,6 +92,9 @@ class GradientAccumulator:
             self.micro_batches = tf.Variable(0, dtype=tf.int64, trainable=False)
             self.steps = tf.Variable(steps, dtype=tf.int64, trainable=False)
         self.connected = [True] * len(self.variables)
+        # Set when a step (traced or eager) accumulates: a `train_step` of
+        # the model's own that never does would silently not accumulate.
+        self.used = False
 
     def accumulate(self, gradients, batch_size, optimizer) -> None:
         """Adds one micro-batch and applies the window once it is full.
@@ -103,6 +106,7 @@ class GradientAccumulator:
             optimizer: The optimizer that applies the window's gradient.
         """
         self.connected = [g is not None for g in gradients]
+        self.used = True
         batch_size = tf.cast(batch_size, tf.int64)
         for total, grad in zip(self.sums, gradients):
             if grad is not None:

@@ -201,7 +201,7 @@ def test_a_train_step_that_does_not_accumulate_is_refused():
     inputs = keras.Input((5,))
     model = OwnStep(inputs, keras.layers.Dense(1)(inputs), towers=2)
     model.compile(optimizer="sgd", loss="mse")
-    with pytest.raises(ValueError, match="OwnStep, whose step accumulated nothing"):
+    with pytest.raises(ValueError, match="OwnStep, whose steps accumulated nothing"):
         model.fit(*regression_data(), callbacks=[GradientAccumulation(2)], verbose=0)
 
 

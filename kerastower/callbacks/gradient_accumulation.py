@@ -45,7 +45,7 @@ class GradientAccumulation(keras.callbacks.Callback):
     saves the window (its sums, examples and step), so a run resumed in the
     middle of a window goes on in that window. It accumulates the built-in
     training step: a model that overrides ``train_step`` applies its own
-    updates, and gets an error after its first step (one that calls
+    updates, and gets an error at the end of the first epoch (one that calls
     ``super().train_step`` is accumulated).
 
     Example:
@@ -77,7 +77,7 @@ class GradientAccumulation(keras.callbacks.Callback):
     Raises:
         ValueError: If `steps` or `epoch_end` is invalid, or (at the start of
             training) the model is not a `kerastower.TowerModel`, or its
-            ``train_step`` does not accumulate (after the first step).
+            ``train_step`` does not accumulate (at the first epoch's end).
     """
 
     def __init__(self, steps: int | Mapping[int, int], epoch_end: str = "apply"):
@@ -112,7 +112,6 @@ class GradientAccumulation(keras.callbacks.Callback):
         optimizer = model.optimizer
         self._apply_fn = tf.function(lambda: self._accumulator.apply_pending(optimizer))
         self._steps_per_epoch = self.params.get("steps") if self.params else None
-        self._checked = False
 
     def on_epoch_begin(self, epoch, logs=None):
         steps = steps_for_epoch(self.schedule, epoch)
@@ -121,18 +120,6 @@ class GradientAccumulation(keras.callbacks.Callback):
             self._accumulator.steps.assign(steps)
 
     def on_train_batch_end(self, batch, logs=None):
-        if not self._checked:
-            self._checked = True
-            if self._accumulator.examples.numpy() == 0 and (
-                int(self._accumulator.steps.numpy()) > 1
-            ):
-                raise ValueError(
-                    "GradientAccumulation accumulates TowerModel's own "
-                    "train_step; this model's train_step applies its updates "
-                    "itself (accumulate there instead). Received: model of "
-                    f"type {type(self.model).__name__}, whose step accumulated "
-                    "nothing"
-                )
         if self.epoch_end == "apply" and self._steps_per_epoch == batch + 1:
             self._apply_pending()
 
@@ -141,6 +128,15 @@ class GradientAccumulation(keras.callbacks.Callback):
             self._apply_pending()
 
     def on_epoch_end(self, epoch, logs=None):
+        # At the epoch's end, as `BackupAndRestore` may have skipped its first
+        # steps without running them.
+        if not self._accumulator.used:
+            raise ValueError(
+                "GradientAccumulation accumulates TowerModel's own train_step; "
+                "this model's train_step applies its updates itself "
+                "(accumulate there instead). Received: model of type "
+                f"{type(self.model).__name__}, whose steps accumulated nothing"
+            )
         if self.epoch_end == "apply":
             self._apply_pending()
 

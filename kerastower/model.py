@@ -318,7 +318,16 @@ class TowerModel(_keras_compat.TrainerHooks, keras.Model):
             # Last, so that the replicas copy weights that callbacks restored.
             callbacks = list(kwargs.pop("callbacks", None) or [])
             kwargs["callbacks"] = callbacks + [SyncReplicas(self._replicas)]
-        return super().fit(*args, **kwargs)
+        try:
+            return super().fit(*args, **kwargs)
+        except BaseException:
+            # Keras skips `on_train_end` when `fit` stops with an error: undo
+            # `GradientAccumulation`'s step, or the next `fit` would
+            # accumulate into a window nothing applies.
+            if self._gradient_accumulator is not None:
+                self._gradient_accumulator = None
+                self.make_train_function(force=True)
+            raise
 
     def set_weights(self, weights) -> None:
         super().set_weights(weights)

@@ -217,6 +217,28 @@ def test_a_train_step_that_calls_super_is_accumulated():
     assert_same_weights(plain, model)
 
 
+class Stop(keras.callbacks.Callback):
+    def on_train_batch_end(self, batch, logs=None):
+        raise KeyboardInterrupt
+
+
+def test_a_fit_stopped_by_an_error_leaves_no_accumulation_behind():
+    # Keras skips on_train_end on errors; the next fit, without the
+    # callback, must train as plain Keras does (Ctrl-C in a notebook).
+    x, y = regression_data()
+    plain, towered = twin(mlp, 2)
+    towered.compile(optimizer="sgd", loss="mse")
+    with pytest.raises(KeyboardInterrupt):
+        towered.fit(
+            x, y, batch_size=4, verbose=0, callbacks=[GradientAccumulation(2), Stop()]
+        )
+    plain.set_weights(towered.get_weights())
+    plain.compile(optimizer="sgd", loss="mse")
+    for model in (plain, towered):
+        model.fit(x, y, batch_size=4, shuffle=False, verbose=0)
+    assert_same_weights(plain, towered)
+
+
 def test_optimizer_gradient_accumulation_steps_points_to_the_callback():
     model = kerastower.TowerModel.from_model(mlp(), towers=2)
     model.compile(

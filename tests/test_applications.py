@@ -77,7 +77,8 @@ def test_application_trains_as_on_one_device(float64, name, kwargs):
         )
         history = model.fit(xs, ys, batch_size=BATCH, shuffle=False, verbose=0)
         losses[label] = history.history["loss"][0]
-    assert all(w.dtype == "float64" for w in towered.weights)
+    # Float weights only: EfficientNet's Normalization also counts in int64.
+    assert all(w.dtype == "float64" for w in towered.weights if "float" in w.dtype)
     towers_off = max_weight_diff(plain, towered)
     rounding = max_weight_diff(plain, reordered)
     print(f"\n{name}: towers {towers_off:.2e}, one device reordered {rounding:.2e}")

@@ -306,18 +306,19 @@ class TowerModel(_keras_compat.TrainerHooks, keras.Model):
         return self._tower_step.predict(data)
 
     def fit(self, *args, **kwargs):
+        # After the user's callbacks, so that they see the state that
+        # BackupAndRestore or a resuming checkpoint callback restored: the
+        # chief's broadcast first, then the replicas' copy of it.
+        ours = []
         if self.num_workers > 1:
-            # Last, so that it runs after BackupAndRestore or a resuming
-            # checkpoint callback has loaded the chief's state.
-            callbacks = list(kwargs.pop("callbacks", None) or [])
-            kwargs["callbacks"] = callbacks + [multi_worker.BroadcastFromChief()]
+            ours.append(multi_worker.BroadcastFromChief())
         if (
             self._replicas is not None
             and type(self).train_step is TowerModel.train_step
         ):
-            # Last, so that the replicas copy weights that callbacks restored.
-            callbacks = list(kwargs.pop("callbacks", None) or [])
-            kwargs["callbacks"] = callbacks + [SyncReplicas(self._replicas)]
+            ours.append(SyncReplicas(self._replicas))
+        if ours:
+            kwargs["callbacks"] = list(kwargs.pop("callbacks", None) or []) + ours
         try:
             return super().fit(*args, **kwargs)
         except BaseException:

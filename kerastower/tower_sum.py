@@ -34,6 +34,8 @@ from collections.abc import Sequence
 
 import tensorflow as tf
 
+from kerastower.loss_weighting import sum_over_towers
+
 # TensorFlow's strategies number their groups up from 1; this one is ours.
 GROUP_KEY = 0x6B740001
 _FIRST_INSTANCE_KEY = 1 << 20
@@ -80,8 +82,7 @@ class TowerSum:
     def __call__(self, values: Sequence[tf.Tensor]) -> list[tf.Tensor]:
         values = list(values)
         if self.workers == 1:
-            context = tf.distribute.get_replica_context()
-            return list(context.all_reduce(tf.distribute.ReduceOp.SUM, values))
+            return sum_over_towers(values)
 
         # A sum is its own adjoint: the gradient of each tower's value is the
         # sum of the upstream gradients over every tower of every worker.
@@ -100,14 +101,14 @@ class TowerSum:
         return list(global_sum(*values))
 
     def _sum(self, values: Sequence[tf.Tensor]) -> list[tf.Tensor]:
+        local = sum_over_towers(values)
         context = tf.distribute.get_replica_context()
-        local = context.all_reduce(tf.distribute.ReduceOp.SUM, list(values))
         replica = tf.get_static_value(context.replica_id_in_sync_group)
         if replica == 0:
             mine = self._over_workers(local)
         else:
             mine = [tf.zeros_like(v) for v in local]
-        return list(context.all_reduce(tf.distribute.ReduceOp.SUM, mine))
+        return sum_over_towers(mine)
 
     def _over_workers(self, values: Sequence[tf.Tensor]) -> list[tf.Tensor]:
         """One collective per dtype, over the first towers of all workers."""

@@ -34,6 +34,14 @@ def fit_pair(plain, towered, x, y, callbacks=lambda: [], **kwargs):
     ]
 
 
+def assert_trains_as_one_device(plain, towered, x, y, **kwargs):
+    """Fits both; same history and weights, and the replicas in sync."""
+    ha, hb = fit_pair(plain, towered, x, y, **kwargs)
+    assert_same_history(ha, hb)
+    assert_same_weights(plain, towered)
+    assert_replicas_in_sync(towered)
+
+
 def assert_replicas_in_sync(model):
     """Every tower's replica equals the model's variable bit for bit."""
     replicas = model._replicas
@@ -65,10 +73,7 @@ def test_mlp_matches_one_device(towers, batch_size, optimizer):
     x, y = regression_data(n=23)
     plain, towered = twin(mlp, towers, replicate_variables=True)
     compile_both(plain, towered, optimizer)
-    ha, hb = fit_pair(plain, towered, x, y, batch_size=batch_size, epochs=2)
-    assert_same_history(ha, hb)
-    assert_same_weights(plain, towered)
-    assert_replicas_in_sync(towered)
+    assert_trains_as_one_device(plain, towered, x, y, batch_size=batch_size, epochs=2)
 
 
 @pytest.mark.parametrize(
@@ -90,10 +95,7 @@ def test_loss_scale_optimizer_and_eager_steps(options):
             loss="mse",
             **options,
         )
-    ha, hb = fit_pair(plain, towered, x, y, batch_size=6, epochs=2)
-    assert_same_history(ha, hb)
-    assert_same_weights(plain, towered)
-    assert_replicas_in_sync(towered)
+    assert_trains_as_one_device(plain, towered, x, y, batch_size=6, epochs=2)
 
 
 def test_multi_epoch_fit_with_validation_evaluate_and_predict():
@@ -160,10 +162,7 @@ def test_embedding_with_adam_sparse_gradients(towers):
     y = rng.normal(size=(30, 1)).astype("float32")
     plain, towered = twin(embedding_model, towers, replicate_variables=True)
     compile_both(plain, towered, keras.optimizers.Adam(0.05))
-    ha, hb = fit_pair(plain, towered, x, y, batch_size=7, epochs=2)
-    assert_same_history(ha, hb)
-    assert_same_weights(plain, towered)
-    assert_replicas_in_sync(towered)
+    assert_trains_as_one_device(plain, towered, x, y, batch_size=7, epochs=2)
 
 
 @pytest.mark.parametrize("how", ["set_weights", "load_weights"])
@@ -181,10 +180,7 @@ def test_weights_changed_between_fits_are_copied_to_the_replicas(how, tmp_path):
         towered.load_weights(tmp_path / "w.weights.h5")
     # Copied at once, not only when the next fit begins.
     assert_replicas_in_sync(towered)
-    ha, hb = fit_pair(plain, towered, x, y, batch_size=8, epochs=2)
-    assert_same_history(ha, hb)
-    assert_same_weights(plain, towered)
-    assert_replicas_in_sync(towered)
+    assert_trains_as_one_device(plain, towered, x, y, batch_size=8, epochs=2)
 
 
 def test_weights_assigned_directly_are_copied_when_fit_begins():
@@ -194,10 +190,7 @@ def test_weights_assigned_directly_are_copied_when_fit_begins():
     fit_pair(plain, towered, x, y, batch_size=8, epochs=1)
     for model in (plain, towered):
         model.layers[1].kernel.assign(np.ones((5, 7), "float32"))
-    ha, hb = fit_pair(plain, towered, x, y, batch_size=8, epochs=1)
-    assert_same_history(ha, hb)
-    assert_same_weights(plain, towered)
-    assert_replicas_in_sync(towered)
+    assert_trains_as_one_device(plain, towered, x, y, batch_size=8, epochs=1)
 
 
 @pytest.mark.parametrize(

@@ -1,13 +1,16 @@
 """Where a tower step spends its time: ``python -m bench.profile``.
 
-Three views of the same workload, for a plain model and `TowerModel` with 2
+Views of the same workload, for a plain model and `TowerModel` with 2
 and 4 towers:
 
 - batch scaling: step time at global batch sizes 16, 128 and 512, which
   separates a fixed cost per step from a cost per example;
 - graph size: the ops of one traced train step, and the devices they run on;
 - TensorFlow profiler: per-op time on TensorFlow's compute threads over one
-  timed epoch, read from the profiler's ``.xplane.pb`` file.
+  timed epoch, read from the profiler's ``.xplane.pb`` file;
+- bare TensorFlow (the MLP): the extra time of 4 towers beside the extra
+  time of the same 4-way split as a bare `tf.function`, the floor that
+  TensorFlow's multi-device runtime sets.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import collections
 import dataclasses
 import statistics
 import tempfile
+import time
 from pathlib import Path
 
 STEPS = 48
@@ -114,6 +118,87 @@ def op_profile(workload, variants, top=8):
             print(f"{'':12}{kind:32} {ms:6.3f} ms/step  x{count[kind]:.0f}")
 
 
+def bare_tensorflow(workload, towers=4, repeats=15):
+    """The fixed cost of towers against the same split in bare TensorFlow.
+
+    Times, interleaved in one process, a plain model and
+    `TowerModel(towers=towers)` (ms per step), and the same MLP's gradient
+    and momentum-SGD update as a bare `tf.function`, unsplit and cut into
+    `towers` shards on `towers` logical devices (the MLP only). The extra
+    time of the bare split is what TensorFlow's multi-device runtime costs
+    without Keras or kerastower: one executor per device, the weights sent
+    to every tower and the gradients back, smaller matrix products.
+    """
+    import numpy as np
+    import tensorflow as tf
+
+    from bench.timing import time_epoch
+    from bench.workloads import Variant, build_variant
+
+    x, y = workload.data(STEPS)
+    models = {
+        "plain": build_variant(workload, Variant("plain")),
+        f"tower{towers}": build_variant(workload, Variant("tower", towers)),
+    }
+    for model in models.values():
+        time_epoch(model, x, y, workload.batch_size)
+    weights = [tf.Variable(w) for w in models["plain"].get_weights()]
+    velocity = [tf.Variable(tf.zeros_like(w)) for w in weights]
+
+    def gradients(inputs, labels):
+        with tf.GradientTape() as tape:
+            h = inputs
+            for k in range(0, len(weights) - 2, 2):
+                h = tf.nn.relu(h @ weights[k] + weights[k + 1])
+            logits = h @ weights[-2] + weights[-1]
+            loss = tf.reduce_mean(
+                tf.nn.sparse_softmax_cross_entropy_with_logits(labels, logits)
+            )
+        return tape.gradient(loss, weights)
+
+    def bare_step(shards):
+        @tf.function
+        def step(inputs, labels):
+            per_shard = []
+            for i, (a, b) in enumerate(
+                zip(tf.split(inputs, shards), tf.split(labels, shards))
+            ):
+                with tf.device(f"/CPU:{i}"):
+                    per_shard.append(gradients(a, b))
+            for w, v, *g in zip(weights, velocity, *per_shard):
+                v.assign(0.9 * v - 0.01 * tf.add_n(g) / shards)
+                w.assign_add(v)
+
+        return step
+
+    bare = {"bare1": bare_step(1), f"bare{towers}": bare_step(towers)}
+    batch = (
+        tf.constant(x[: workload.batch_size]),
+        tf.constant(y[: workload.batch_size]),
+    )
+    for step in bare.values():
+        step(*batch)
+    times = {name: [] for name in [*models, *bare]}
+    for _ in range(repeats):
+        for name, model in models.items():
+            times[name].append(1e3 * time_epoch(model, x, y, workload.batch_size)[0])
+        for name, step in bare.items():
+            start = time.perf_counter()
+            for _ in range(STEPS):
+                step(*batch)
+            times[name].append(1e3 * (time.perf_counter() - start) / STEPS)
+    t = {name: np.array(v) for name, v in times.items()}
+    tower, split = f"tower{towers}", f"bare{towers}"
+    print(
+        ", ".join(f"{n} {np.median(v):.2f} ms" for n, v in t.items())
+        + f"\n{tower}/plain {np.median(t[tower] / t['plain']):.2f} "
+        f"(+{np.median(t[tower] - t['plain']):.2f} ms); "
+        f"{split}/bare1 {np.median(t[split] / t['bare1']):.2f} "
+        f"(+{np.median(t[split] - t['bare1']):.2f} ms)"
+    )
+    return t
+
+
 def main() -> None:
     """Parses the command line and prints the three views."""
     parser = argparse.ArgumentParser(prog="python -m bench.profile")
@@ -133,6 +218,9 @@ def main() -> None:
     graph_size(workload, [*variants, Variant("mirrored", 2)])
     print("-- TensorFlow profiler")
     op_profile(workload, variants)
+    if args.workload == "mlp":
+        print("-- against the same split in bare TensorFlow")
+        bare_tensorflow(workload)
 
 
 if __name__ == "__main__":

@@ -12,7 +12,11 @@ add up over shards, so
 
 ``L = sum_i S_i / sum_i D_i = sum_i (D_i / D) * L_i``.
 
-A ``"sum"``-reduced loss is ``L = sum_i L_i``: every tower weighs 1.
+A ``"sum"``-reduced loss is ``L = sum_i L_i``: every tower weighs 1. When
+``D_i`` is ``n_i`` times a number that every shard shares (an unmasked
+loss divides by ``n_i`` times the elements per example), ``D_i / D`` is
+``n_i / B`` and nothing needs summing over the towers: only masked,
+``ignore_class`` and sample-weight-summing divisors are.
 
 **Everything else** in the model's loss (regularization, ``add_loss`` terms, a
 custom ``compute_loss``) is taken to be a batch mean, and tower ``i`` weighs
@@ -72,6 +76,12 @@ def compiled_loss_factor(
     return tf.math.divide_no_nan(d, total) * tf.math.divide_no_nan(b, n)
 
 
+# What `TowerLoss` records as the divisor of a ``"sum"``-reduced loss, and of
+# a batch mean (``D_i`` proportional to ``n_i``, see `weigh_compiled_losses`).
+SUM = "sum"
+BATCH_MEAN = "batch_mean"
+
+
 class TowerLoss:
     """Stands in for one compiled loss while the towers trace, and records it.
 
@@ -95,13 +105,14 @@ class TowerLoss:
     def __call__(self, y_true, y_pred, sample_weight=None):
         value = self.loss(y_true, y_pred, sample_weight)
         examples = tf.cast(tf.shape(tf.nest.flatten(y_pred)[0])[0], tf.float32)
-        divisor = None
-        if self.reduction != "sum":
+        if self.reduction == "sum":
+            divisor = SUM
+        else:
             divisor = _keras_compat.loss_divisor(
                 self.loss, y_true, y_pred, sample_weight
             )
-            if divisor is None:  # a batch mean
-                divisor = examples
+            if divisor is None:
+                divisor = BATCH_MEAN
         context = tf.distribute.get_replica_context()
         self.records.setdefault(context, []).append((value, divisor, examples))
         return value
@@ -111,30 +122,43 @@ def weigh_compiled_losses(
     records,
     global_batch: tf.Tensor,
     sum_fn: Callable[[Sequence[tf.Tensor]], list[tf.Tensor]] = sum_over_towers,
-) -> list[tf.Tensor]:
+) -> list[tf.Tensor | None]:
     """Each recorded compiled loss's factor ``t_i * B / n_i`` (see module).
+
+    A batch mean (`BATCH_MEAN`: ``D_i`` is ``n_i`` times a number that is
+    the same on every shard) has ``D_i / D = n_i / B``, so its factor is 1
+    and ``None`` is returned for it; a `SUM` has ``B / n_i``. Only the other
+    divisors (masked, ``ignore_class``, summed sample weights) depend on
+    every tower's batch, and are summed over the towers, which waits for all
+    towers' forward passes.
 
     Args:
         records: This tower's ``(value, divisor, examples)`` per compiled loss,
-            in the order Keras computed them; ``divisor`` is ``None`` for
-            ``"sum"`` reductions.
+            in the order Keras computed them; ``divisor`` is `SUM`,
+            `BATCH_MEAN` or a tensor ``D_i``.
         global_batch: ``B``, the examples of the step on all towers and
             workers, float32.
         sum_fn: Sums a list of tensors over every tower (of every worker:
             a `kerastower.tower_sum.TowerSum`).
 
     Returns:
-        One float64 factor per record. Every tower must call this once, with
-        records of the same losses: it sums the divisors over the towers.
+        One float64 factor per record, or ``None`` where it is 1. Every
+        tower must call this once, with records of the same losses: it sums
+        the divisors that need it over the towers.
     """
     if not records:
         return []
     examples = records[0][2]
-    local = [examples if d is None else d for _, d, _ in records]
-    (totals,) = sum_fn([tf.stack([tf.cast(d, tf.float64) for d in local])])
+    counted = [k for k, (_, d, _) in enumerate(records) if isinstance(d, tf.Tensor)]
+    totals = {}
+    if counted:
+        (summed,) = sum_fn([tf.stack([records[k][1] for k in counted])])
+        totals = {k: summed[i] for i, k in enumerate(counted)}
     factors = []
     for k, (_, divisor, _) in enumerate(records):
-        if divisor is None:
+        if divisor is BATCH_MEAN:
+            factors.append(None)
+        elif divisor is SUM:
             b, n = tf.cast(global_batch, tf.float64), tf.cast(examples, tf.float64)
             factors.append(tf.math.divide_no_nan(b, n))
         else:
@@ -185,6 +209,9 @@ def weigh_loss(loss: tf.Tensor, weight: tf.Tensor, losses: TowerLosses):
         records, factors, losses.loss_weights
     ):
         value = tf.cast(value, loss.dtype)
+        if factor is None:
+            per_output.append(value)
+            continue
         factor = tf.cast(factor, loss.dtype)
         # Keras added value * loss_weight; make it value * loss_weight *
         # factor. A non-finite value already makes the loss non-finite,

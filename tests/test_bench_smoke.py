@@ -150,3 +150,13 @@ def test_quick_run_counts_traces_and_memory(quick_run):
         assert accumulation["accumulation_steps"] == 2
     else:
         assert accumulation == {"status": "not available"}
+
+
+def test_bare_tensorflow_times_the_same_split_beside_towers(capsys):
+    from bench.profile import bare_tensorflow
+    from bench.workloads import WORKLOADS
+
+    times = bare_tensorflow(WORKLOADS["tiny_mlp"], towers=2, repeats=1)
+    assert set(times) == {"plain", "tower2", "bare1", "bare2"}
+    assert all(t.shape == (1,) and t[0] > 0 for t in times.values())
+    assert "tower2/plain" in capsys.readouterr().out

@@ -82,9 +82,12 @@ def loss_divisor(loss, y_true, y_pred, sample_weight=None) -> tf.Tensor | None:
 
     Recomputes the loss's per-element values and mask as ``Loss.__call__``
     does (TensorFlow's graph optimiser merges the repeated computation), and
-    returns `divisor` of them. ``None`` means the loss has no per-element
-    values to count (a custom loss whose ``call`` returns a scalar, or a
-    callable that is not a `keras.losses.Loss`): it is taken as a batch mean.
+    returns `divisor` of them. ``None`` means the divisor is the batch's
+    examples times a number that is the same for every shard of the batch:
+    the loss has no per-element values to count (a custom loss whose ``call``
+    returns a scalar, or a callable that is not a `keras.losses.Loss`), or
+    it divides by the count of its elements, with no mask and no sample
+    weights to sum, which is ``examples * prod(values.shape[1:])``.
 
     Raises:
         ValueError: If the loss's reduction is one kerastower cannot split
@@ -116,6 +119,10 @@ def loss_divisor(loss, y_true, y_pred, sample_weight=None) -> tf.Tensor | None:
         mask = tf.logical_and(tf.cast(in_mask, tf.bool), tf.cast(out_mask, tf.bool))
     else:
         mask = in_mask if in_mask is not None else out_mask
+    if mask is None and (
+        reduction != "mean_with_sample_weight" or sample_weight is None
+    ):
+        return None
     return divisor(reduction, values, sample_weight, mask)
 
 

@@ -186,7 +186,10 @@ class _Workers:
     def wait(self, grace_period: float, signals: list[int]) -> int:
         """Waits for every worker to succeed, or for the first failure or signal."""
         while not signals:
-            failed = [p for p in self.procs if p.poll() not in (None, 0)]
+            # One poll per worker per round: a worker that ends between two
+            # polls must not look finished without its status being read.
+            codes = [p.poll() for p in self.procs]
+            failed = [p for p, code in zip(self.procs, codes) if code not in (None, 0)]
             if failed:
                 i, others = self.procs.index(failed[0]), self.running()
                 killed = self.stop(grace_period, signals)
@@ -196,7 +199,7 @@ class _Workers:
                     + (f" (killed worker(s) {_join(killed)})" if killed else "")
                 )
                 return _exit_status(failed[0].returncode)
-            if not self.running():
+            if None not in codes:
                 return 0
             time.sleep(_POLL_SECONDS)
         _say(

@@ -305,6 +305,32 @@ def test_a_worker_that_ignores_sigterm_is_killed_after_the_grace_period(
     assert "worker 0 exited with 4; stopped the others (killed worker(s) 1)" in err
 
 
+class _EndsBetweenPolls:
+    """A worker that is still running at its first poll and dead by SIGKILL after."""
+
+    def __init__(self):
+        self.polls = 0
+        self.returncode = None
+
+    def poll(self):
+        self.polls += 1
+        if self.polls > 1:
+            self.returncode = -9
+        return self.returncode
+
+    def wait(self):
+        return self.poll()
+
+
+def test_a_worker_that_ends_between_two_polls_is_not_taken_for_a_success(capsys):
+    # CI once saw status 0 for a SIGKILLed worker: it died between the poll
+    # that looks for failures and the one that looks for running workers.
+    workers = launch._Workers()
+    workers.procs.append(_EndsBetweenPolls())
+    assert workers.wait(grace_period=1, signals=[]) == 128 + 9
+    assert "worker 0 was killed by SIGKILL" in capsys.readouterr().err
+
+
 def test_a_worker_killed_by_a_signal_gives_128_plus_the_signal(tmp_path, capsys):
     script, _ = _script(tmp_path, "import os, signal\nos.kill(os.getpid(), 9)\n")
     assert launch.launch([script], 1) == 128 + 9

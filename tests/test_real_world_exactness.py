@@ -284,9 +284,9 @@ LAYERS = {
 }
 
 
-@pytest.mark.parametrize("run_eagerly", [False, True], ids=["graph", "eager"])
+@pytest.mark.parametrize("mode", ["graph", "eager", "jit"])
 @pytest.mark.parametrize("layer", list(LAYERS))
-def test_batches_smaller_than_the_towers(layer, run_eagerly):
+def test_batches_smaller_than_the_towers(layer, mode):
     # 22 examples in batches of 5 on 3 towers: the last batch of 2 leaves a
     # tower without an example, which crashed oneDNN convolutions.
     x = RNG.normal(size=(22, 8, 8, 3)).astype("float32")
@@ -299,7 +299,8 @@ def test_batches_smaller_than_the_towers(layer, run_eagerly):
             optimizer="sgd",
             loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
             metrics=["accuracy"],
-            run_eagerly=run_eagerly,
+            run_eagerly=mode == "eager",
+            jit_compile=mode == "jit",
         ),
         batch_size=5,
         epochs=1,

@@ -9,7 +9,7 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from kerastower import _keras_compat, cluster, custom_step, multi_worker
+from kerastower import _keras_compat, checks, cluster, custom_step, multi_worker
 from kerastower import devices as devices_lib
 from kerastower._keras_compat import Functional, functional_init_arguments
 from kerastower.replicas import Replicas, SyncReplicas
@@ -196,19 +196,8 @@ class TowerModel(_keras_compat.TrainerHooks, keras.Model):
     def _tower_train_step(self):
         return TowerModel.train_step
 
-    def _check_optimizer(self):
-        if getattr(self.optimizer, "gradient_accumulation_steps", None):
-            raise ValueError(
-                "TowerModel does not support the optimizer's own "
-                "`gradient_accumulation_steps`: it weights every micro-batch "
-                "1/k whatever its size. Use the exact "
-                "`kerastower.callbacks.GradientAccumulation(steps)` callback "
-                "instead. Received: gradient_accumulation_steps="
-                f"{self.optimizer.gradient_accumulation_steps}"
-            )
-
     def train_step(self, data):
-        self._check_optimizer()
+        checks.check_optimizer(self.optimizer)
         if (
             self.num_towers == 1
             and self._gradient_accumulator is None

@@ -27,7 +27,7 @@ import warnings
 import keras
 import tensorflow as tf
 
-from kerastower import _keras_compat, multi_worker, tower_sum
+from kerastower import _keras_compat, checks, multi_worker, tower_sum
 from kerastower.batch_norm import global_moments
 from kerastower.loss_weighting import TowerLoss, TowerLosses, weigh_loss
 from kerastower.sharding import (
@@ -278,6 +278,8 @@ class TowerStep:
         shards, and it would keep both whole-model branches of the choice.
         """
         model = self.model
+        if model.num_towers > 1:
+            checks.check_no_stateful_layers(model)
         batch = tf.shape(first_leaf(data))[0]
         workers = model.num_workers if across_workers else 1
         total = tf.cast(batch, tf.float32)

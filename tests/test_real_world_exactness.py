@@ -11,7 +11,14 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from oracle import assert_close, assert_same_history, assert_same_weights, twin
+from oracle import (
+    ATOL,
+    RTOL,
+    assert_close,
+    assert_same_history,
+    assert_same_weights,
+    twin,
+)
 
 import kerastower
 from kerastower import _keras_compat
@@ -20,7 +27,17 @@ from kerastower.sharding import sum_gradients
 RNG = np.random.default_rng(0)
 
 
-def fit_and_compare(build, x, y, compile_kwargs, towers=3, sample_weight=None, **fit):
+def fit_and_compare(
+    build,
+    x,
+    y,
+    compile_kwargs,
+    towers=3,
+    sample_weight=None,
+    atol=ATOL,
+    rtol=RTOL,
+    **fit,
+):
     plain, towered = twin(build, towers)
     histories = []
     for model in (plain, towered):
@@ -30,19 +47,19 @@ def fit_and_compare(build, x, y, compile_kwargs, towers=3, sample_weight=None, *
                 x, y, sample_weight=sample_weight, shuffle=False, verbose=0, **fit
             ).history
         )
-    assert_same_history(*histories)
-    assert_same_weights(plain, towered)
+    assert_same_history(*histories, atol=atol, rtol=rtol)
+    assert_same_weights(plain, towered, atol=atol, rtol=rtol)
     batch = fit.get("batch_size", 32)
     a = plain.evaluate(x, y, batch_size=batch, verbose=0, return_dict=True)
     b = towered.evaluate(x, y, batch_size=batch, verbose=0, return_dict=True)
     assert a.keys() == b.keys()
     for key in a:
-        assert_close(b[key], a[key], err_msg=key)
+        assert_close(b[key], a[key], atol=atol, rtol=rtol, err_msg=key)
     expected = tf.nest.flatten(plain.predict(x, batch_size=batch, verbose=0))
     got = tf.nest.flatten(towered.predict(x, batch_size=batch, verbose=0))
     assert len(got) == len(expected)
     for g, e in zip(got, expected):
-        assert_close(g, e)
+        assert_close(g, e, atol=atol, rtol=rtol)
     return plain, towered
 
 

@@ -1,0 +1,52 @@
+"""Configurations that a step split over towers cannot train exactly.
+
+Each is refused with an error that says what to change, rather than trained
+into a model that differs from one device's.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kerastower import _keras_compat
+
+
+def check_optimizer(optimizer: Any) -> None:
+    """Refuses the optimizer's own gradient accumulation.
+
+    Keras's ``gradient_accumulation_steps=k`` weights every micro-batch
+    ``1/k`` whatever its size; `kerastower.callbacks.GradientAccumulation`
+    weights micro-batch ``j`` by ``n_j / sum_j n_j``, as one large batch does.
+
+    Raises:
+        ValueError: If ``optimizer.gradient_accumulation_steps`` is set.
+    """
+    if getattr(optimizer, "gradient_accumulation_steps", None):
+        raise ValueError(
+            "TowerModel does not support the optimizer's own "
+            "`gradient_accumulation_steps`: it weights every micro-batch "
+            "1/k whatever its size. Use the exact "
+            "`kerastower.callbacks.GradientAccumulation(steps)` callback "
+            "instead. Received: gradient_accumulation_steps="
+            f"{optimizer.gradient_accumulation_steps}"
+        )
+
+
+def check_no_stateful_layers(model: Any) -> None:
+    """Refuses layers that keep state per example across batches.
+
+    A stateful RNN (``stateful=True``) holds one state row per example of a
+    fixed batch and carries it to the same row of the next batch; a tower
+    sees only its shard of the rows, so the batch cannot be split.
+
+    Raises:
+        ValueError: If a layer of `model` has ``stateful=True``.
+    """
+    for layer in _keras_compat.inner_layers(model):
+        if getattr(layer, "stateful", False) is True:
+            raise ValueError(
+                f"Layer {layer.name!r} is stateful: it keeps one state per "
+                "example of a fixed batch, which cannot be split across "
+                f"towers. Use `towers=1`, or `stateful=False`. Received: "
+                f"towers={model.num_towers} with stateful=True"
+            )

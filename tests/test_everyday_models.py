@@ -1,0 +1,296 @@
+"""Towers equal one device on everyday keras.io models beyond the core cases.
+
+String inputs and text preprocessing, confusion-matrix metrics (AUC,
+precision, recall, F1), a Transformer block, a masked bidirectional GRU,
+hashing and encoding layers, mixed precision, `validation_freq`; and a clear
+error for stateful RNNs, which cannot be split.
+"""
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+from oracle import assert_same_history, assert_same_weights, twin
+from test_real_world_exactness import fit_and_compare, padded_sequences
+
+import kerastower
+
+RNG = np.random.default_rng(3)
+WORDS = ["red", "green", "blue", "cat", "dog"]
+
+
+def sentences(n=22):
+    return tf.constant(
+        [" ".join(RNG.choice(WORDS, size=RNG.integers(1, 6))) for _ in range(n)]
+    )
+
+
+def binary_metrics():
+    # Named, so that the two models' metrics get the same history keys.
+    return [
+        "accuracy",
+        keras.metrics.AUC(name="auc"),
+        keras.metrics.Precision(name="precision"),
+        keras.metrics.Recall(name="recall"),
+    ]
+
+
+def test_string_lookup_with_adam():
+    vocabulary = ["a", "b", "c", "d"]
+    x = tf.constant([[RNG.choice([*vocabulary, "unknown"])] for _ in range(22)])
+    y = RNG.normal(size=(22, 1)).astype("float32")
+
+    def build():
+        keras.utils.set_random_seed(0)
+        inputs = keras.Input((1,), dtype="string")
+        h = keras.layers.StringLookup(vocabulary=vocabulary)(inputs)
+        h = keras.layers.Flatten()(keras.layers.Embedding(6, 4)(h))
+        return keras.Model(inputs, keras.layers.Dense(1)(h))
+
+    fit_and_compare(
+        build,
+        x,
+        y,
+        lambda: dict(optimizer=keras.optimizers.Adam(0.01), loss="mse"),
+        batch_size=5,
+        epochs=2,
+    )
+
+
+def test_text_vectorization_with_masked_embedding_and_auc():
+    x = sentences()
+    y = RNG.integers(0, 2, size=(22, 1)).astype("float32")
+    adapted = keras.layers.TextVectorization(max_tokens=10, output_sequence_length=6)
+    adapted.adapt(x)
+    vocabulary = adapted.get_vocabulary()[2:]  # without padding and OOV
+
+    def build():
+        keras.utils.set_random_seed(0)
+        inputs = keras.Input((), dtype="string")
+        h = keras.layers.TextVectorization(
+            max_tokens=10, output_sequence_length=6, vocabulary=vocabulary
+        )(inputs)
+        h = keras.layers.Embedding(10, 4, mask_zero=True)(h)
+        h = keras.layers.GlobalAveragePooling1D()(h)
+        return keras.Model(inputs, keras.layers.Dense(1, activation="sigmoid")(h))
+
+    fit_and_compare(
+        build,
+        x,
+        y,
+        lambda: dict(
+            optimizer=keras.optimizers.Adam(0.01),
+            loss="binary_crossentropy",
+            metrics=binary_metrics(),
+        ),
+        batch_size=5,
+        epochs=2,
+    )
+
+
+def test_confusion_matrix_metrics():
+    x = RNG.normal(size=(22, 4)).astype("float32")
+    y = RNG.integers(0, 2, size=(22, 1)).astype("float32")
+
+    def build():
+        keras.utils.set_random_seed(0)
+        inputs = keras.Input((4,))
+        return keras.Model(inputs, keras.layers.Dense(1, activation="sigmoid")(inputs))
+
+    fit_and_compare(
+        build,
+        x,
+        y,
+        lambda: dict(
+            optimizer="sgd",
+            loss="binary_crossentropy",
+            metrics=[
+                *binary_metrics(),
+                keras.metrics.F1Score(threshold=0.5, name="f1"),
+                keras.metrics.PrecisionAtRecall(0.5, name="p_at_r"),
+                keras.metrics.BinaryIoU(name="iou"),
+            ],
+        ),
+        batch_size=5,
+        epochs=2,
+    )
+
+
+def transformer_block(use_bias):
+    def build():
+        keras.utils.set_random_seed(0)
+        inputs = keras.Input((6,), dtype="int32")
+        h = keras.layers.Embedding(20, 8, mask_zero=True)(inputs)
+        attended = keras.layers.MultiHeadAttention(2, 4, use_bias=use_bias)(h, h)
+        h = keras.layers.LayerNormalization()(h + attended)
+        h = keras.layers.GlobalAveragePooling1D()(h)
+        return keras.Model(inputs, keras.layers.Dense(2)(h))
+
+    return build
+
+
+# The attention's key bias shifts every score of a query equally, so softmax
+# cancels it and its true gradient is 0: what remains is rounding (5e-6 after
+# two Adam epochs, measured, on a bias of 3e-6), which Adam scales up to steps
+# of the learning rate. SGD keeps it at rounding size; Adam runs without it.
+@pytest.mark.parametrize(
+    "optimizer, use_bias",
+    [
+        (lambda: keras.optimizers.SGD(0.1, momentum=0.9), True),
+        (lambda: keras.optimizers.Adam(0.01), False),
+    ],
+    ids=["sgd-momentum", "adam-no-bias"],
+)
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_transformer_block(optimizer, use_bias, dtype, request):
+    if dtype == "float64":
+        request.getfixturevalue("float64")
+    x = RNG.integers(1, 20, size=(22, 6))
+    x[:, 4:] = 0
+    y = RNG.integers(0, 2, size=(22,))
+    fit_and_compare(
+        transformer_block(use_bias),
+        x,
+        y,
+        lambda: dict(
+            optimizer=optimizer(),
+            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+            metrics=["accuracy"],
+        ),
+        batch_size=5,
+        epochs=2,
+        # float32: the attention's output bias grows to |b| = 4.5, where one
+        # rounding of its sum is ~5e-7 on every element, near-zero ones too
+        # (measured 1.1e-6 on an element of 1.7e-3). float64 shows that it is
+        # rounding: the same model equals one device to 1.6e-15.
+        atol=1e-12 if dtype == "float64" else 5e-6,
+        rtol=1e-12 if dtype == "float64" else 1e-5,
+    )
+
+
+def test_masked_bidirectional_gru():
+    x, y = padded_sequences()
+
+    def build():
+        keras.utils.set_random_seed(0)
+        inputs = keras.Input((7,), dtype="int32")
+        h = keras.layers.Embedding(20, 8, mask_zero=True)(inputs)
+        h = keras.layers.Bidirectional(keras.layers.GRU(4, return_sequences=True))(h)
+        return keras.Model(inputs, keras.layers.Dense(3)(h))
+
+    fit_and_compare(
+        build,
+        x,
+        y,
+        lambda: dict(
+            optimizer=keras.optimizers.RMSprop(0.01),
+            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+            metrics=["accuracy"],
+        ),
+        batch_size=5,
+        epochs=2,
+    )
+
+
+def test_hashing_and_encoding_layers():
+    x = RNG.integers(0, 50, size=(22, 3))
+    y = RNG.normal(size=(22, 1)).astype("float32")
+
+    def build():
+        keras.utils.set_random_seed(0)
+        inputs = keras.Input((3,), dtype="int64")
+        hashed = keras.layers.Hashing(8)(inputs)
+        hashed = keras.layers.CategoryEncoding(8, output_mode="multi_hot")(hashed)
+        binned = keras.layers.Discretization(bin_boundaries=[10, 20, 30])(inputs)
+        binned = keras.layers.CategoryEncoding(4, output_mode="count")(binned)
+        h = keras.layers.Concatenate()([hashed, binned])
+        return keras.Model(inputs, keras.layers.Dense(1)(h))
+
+    fit_and_compare(
+        build, x, y, lambda: dict(optimizer="adam", loss="mse"), batch_size=5, epochs=2
+    )
+
+
+def test_mixed_precision():
+    x = RNG.normal(size=(22, 4)).astype("float32")
+    y = RNG.integers(0, 3, size=(22,))
+    keras.mixed_precision.set_global_policy("mixed_float16")
+    try:
+
+        def build():
+            keras.utils.set_random_seed(0)
+            inputs = keras.Input((4,))
+            h = keras.layers.Dense(8, activation="relu")(inputs)
+            return keras.Model(inputs, keras.layers.Dense(3, dtype="float32")(h))
+
+        plain, towered = twin(build, 3)
+        histories = []
+        for model in (plain, towered):
+            model.compile(
+                optimizer=keras.optimizers.SGD(0.01),
+                loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                metrics=["accuracy"],
+            )
+            history = model.fit(x, y, batch_size=5, epochs=2, shuffle=False, verbose=0)
+            histories.append(history.history)
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+    assert isinstance(towered.optimizer, keras.optimizers.LossScaleOptimizer)
+    # A float16 weight gradient is rounded once per tower instead of once per
+    # batch: at most 2**-11 of |g| <= 1, times lr 0.01, over 10 steps is 5e-5
+    # (measured: 3.6e-6 on the first kernel).
+    assert_same_weights(plain, towered, atol=5e-5)
+    assert_same_history(*histories, rtol=1e-3)  # float16 logits: 2**-11
+
+
+def test_validation_freq():
+    x, y = RNG.normal(size=(22, 4)), RNG.normal(size=(22, 1))
+
+    def build():
+        keras.utils.set_random_seed(0)
+        inputs = keras.Input((4,))
+        return keras.Model(inputs, keras.layers.Dense(1)(inputs))
+
+    fit_and_compare(
+        build,
+        x.astype("float32"),
+        y.astype("float32"),
+        lambda: dict(optimizer="sgd", loss="mse"),
+        batch_size=5,
+        epochs=4,
+        validation_data=(x[:7], y[:7]),
+        validation_freq=2,
+    )
+
+
+@pytest.mark.parametrize("method", ["fit", "evaluate", "predict"])
+def test_a_stateful_rnn_is_refused_with_a_clear_error(method):
+    inputs = keras.Input((5, 2), batch_size=6)
+    outputs = keras.layers.Dense(1)(keras.layers.LSTM(4, stateful=True)(inputs))
+    model = kerastower.TowerModel(inputs, outputs, towers=3)
+    model.compile(optimizer="sgd", loss="mse")
+    x, y = np.zeros((12, 5, 2), "float32"), np.zeros((12, 1), "float32")
+    args = (x,) if method == "predict" else (x, y)
+    with pytest.raises(ValueError, match="is stateful.*towers=3 with stateful=True"):
+        getattr(model, method)(*args, batch_size=6, verbose=0)
+
+
+def test_a_stateful_rnn_trains_on_one_tower_as_on_one_device():
+    x = RNG.normal(size=(24, 5, 2)).astype("float32")
+    y = RNG.normal(size=(24, 1)).astype("float32")
+
+    def build():
+        keras.utils.set_random_seed(0)
+        inputs = keras.Input((5, 2), batch_size=6)
+        h = keras.layers.LSTM(4, stateful=True)(inputs)
+        return keras.Model(inputs, keras.layers.Dense(1)(h))
+
+    fit_and_compare(
+        build,
+        x,
+        y,
+        lambda: dict(optimizer="sgd", loss="mse"),
+        towers=1,
+        batch_size=6,
+        epochs=2,
+    )

@@ -10,7 +10,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from oracle import assert_same_history, assert_same_weights, twin
+from oracle import assert_close, assert_same_history, assert_same_weights, twin
 from test_real_world_exactness import fit_and_compare, padded_sequences
 
 import kerastower
@@ -261,6 +261,130 @@ def test_validation_freq():
         validation_data=(x[:7], y[:7]),
         validation_freq=2,
     )
+
+
+def test_augmentation_layers_train_and_infer_as_on_one_device():
+    # Random layers draw their own numbers per tower (see Concepts): training
+    # runs, and with the same weights inference is exact.
+    x = RNG.normal(size=(22, 12, 12, 3)).astype("float32")
+    y = RNG.integers(0, 3, size=(22,))
+
+    def build():
+        keras.utils.set_random_seed(0)
+        inputs = keras.Input((12, 12, 3))
+        h = keras.layers.RandomFlip("horizontal")(inputs)
+        h = keras.layers.RandomRotation(0.1)(h)
+        h = keras.layers.RandomZoom(0.1)(h)
+        h = keras.layers.Dropout(0.3)(keras.layers.Conv2D(4, 3)(h))
+        h = keras.layers.GlobalAveragePooling2D()(h)
+        return keras.Model(inputs, keras.layers.Dense(3)(h))
+
+    plain, towered = twin(build, 3)
+    for model in (plain, towered):
+        model.compile(
+            optimizer="adam",
+            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+            metrics=["accuracy"],
+        )
+        history = model.fit(x, y, batch_size=5, epochs=2, verbose=0).history
+        assert np.all(np.isfinite(history["loss"]))
+    towered.set_weights(plain.get_weights())
+    expected = plain.evaluate(x, y, batch_size=5, verbose=0)
+    assert_close(towered.evaluate(x, y, batch_size=5, verbose=0), expected)
+    assert_close(
+        towered.predict(x, batch_size=5, verbose=0),
+        plain.predict(x, batch_size=5, verbose=0),
+    )
+
+
+def test_transfer_learning_freeze_then_fine_tune():
+    x = RNG.normal(size=(22, 8, 8, 3)).astype("float32")
+    y = RNG.integers(0, 3, size=(22,))
+
+    def build():
+        keras.utils.set_random_seed(0)
+        inputs = keras.Input((8, 8, 3))
+        h = keras.layers.BatchNormalization()(keras.layers.Conv2D(4, 3)(inputs))
+        pooled = keras.layers.GlobalAveragePooling2D()(h)
+        base = keras.Model(inputs, pooled, name="base")
+        base.trainable = False
+        inputs = keras.Input((8, 8, 3))
+        return keras.Model(inputs, keras.layers.Dense(3)(base(inputs, training=False)))
+
+    # SGD in the fine-tuning: the conv bias before a training-mode
+    # BatchNormalization has a true gradient of 0 (the layer subtracts the
+    # mean), and Adam would scale its rounding up to steps of the learning
+    # rate (measured: plain 4.5e-4, towers 1.5e-4; SGD: 5e-9 and 2e-9).
+    plain, towered = twin(build, 3)
+    histories = []
+    for model in (plain, towered):
+        loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+        model.compile(optimizer=keras.optimizers.Adam(0.01), loss=loss)
+        frozen = model.fit(x, y, batch_size=5, epochs=2, shuffle=False, verbose=0)
+        model.get_layer("base").trainable = True
+        model.compile(optimizer=keras.optimizers.SGD(0.01, momentum=0.9), loss=loss)
+        tuned = model.fit(x, y, batch_size=5, epochs=2, shuffle=False, verbose=0)
+        tuned = {f"tuned_{key}": value for key, value in tuned.history.items()}
+        histories.append({**frozen.history, **tuned})
+    assert_same_history(*histories)
+    assert_same_weights(plain, towered)
+
+
+class Hits(keras.metrics.Metric):
+    """The keras.io guide's custom metric: how many argmax predictions hit."""
+
+    def __init__(self, name="hits", **kwargs):
+        super().__init__(name=name, **kwargs)
+        self.hits = self.add_variable(shape=(), initializer="zeros", name="hits")
+
+    def update_state(self, y_true, y_pred, sample_weight=None):
+        predicted = keras.ops.argmax(y_pred, axis=1)
+        hit = keras.ops.equal(keras.ops.reshape(y_true, (-1,)), predicted)
+        self.hits.assign_add(keras.ops.sum(keras.ops.cast(hit, "float32")))
+
+    def result(self):
+        return self.hits
+
+    def reset_state(self):
+        self.hits.assign(0.0)
+
+
+def test_dict_inputs_shared_layer_custom_metric_and_loss_from_a_dataset():
+    n = 23
+    a, b = (RNG.normal(size=(n, 4)).astype("float32") for _ in range(2))
+    y = RNG.integers(0, 3, size=(n, 1))
+    sample_weight = RNG.uniform(0.5, 2, size=(n,)).astype("float32")
+    data = tf.data.Dataset.from_tensor_slices(({"a": a, "b": b}, y, sample_weight))
+
+    def build():
+        keras.utils.set_random_seed(0)
+        first, second = keras.Input((4,), name="a"), keras.Input((4,), name="b")
+        shared = keras.layers.Dense(5, activation="tanh")
+        h = keras.layers.Concatenate()([shared(first), shared(second)])
+        return keras.Model({"a": first, "b": second}, keras.layers.Dense(3)(h))
+
+    def loss(y_true, y_pred):
+        return keras.losses.sparse_categorical_crossentropy(
+            y_true, y_pred, from_logits=True
+        )
+
+    plain, towered = twin(build, 3)
+    histories = []
+    for model in (plain, towered):
+        model.compile(
+            optimizer=keras.optimizers.SGD(0.1, momentum=0.5),
+            loss=loss,
+            metrics=[Hits()],
+            weighted_metrics=["accuracy"],
+        )
+        halve = keras.callbacks.LearningRateScheduler(lambda epoch, lr: lr * 0.5)
+        batches = data.batch(5)
+        history = model.fit(
+            batches, epochs=3, validation_data=batches, callbacks=[halve], verbose=0
+        )
+        histories.append(history.history)
+    assert_same_history(*histories)
+    assert_same_weights(plain, towered)
 
 
 @pytest.mark.parametrize("method", ["fit", "evaluate", "predict"])

@@ -8,7 +8,30 @@ from __future__ import annotations
 
 from typing import Any
 
+import tensorflow as tf
+
 from kerastower import _keras_compat
+
+
+def check_no_strategy_scope() -> None:
+    """Refuses to build a `TowerModel` inside a `tf.distribute` scope.
+
+    A model built in ``strategy.scope()`` gets the strategy's variables and
+    Keras distributes its steps over the strategy's replicas, on top of the
+    towers' own split; the two cannot combine.
+
+    Raises:
+        ValueError: If a strategy's scope is active.
+    """
+    if tf.distribute.has_strategy():
+        raise ValueError(
+            "TowerModel splits its steps over its towers itself, so it must "
+            "not be built inside a `tf.distribute` strategy's scope: build it "
+            "outside `strategy.scope()`, as for one device. To train over "
+            "several machines, pass the strategy instead: "
+            "`TowerModel(..., strategy=strategy)`. Received: "
+            f"strategy={tf.distribute.get_strategy()!r}"
+        )
 
 
 def check_optimizer(optimizer: Any) -> None:

@@ -124,6 +124,7 @@ class TowerModel(_keras_compat.TrainerHooks, keras.Model):
         replicate_variables: bool = False,
         **kwargs: Any,
     ):
+        checks.check_no_strategy_scope()
         self._tower_devices = devices_lib.resolve_towers(towers)
         self._towers_arg = list(towers) if isinstance(towers, (list, tuple)) else towers
         self.sync_batch_norm = bool(sync_batch_norm)

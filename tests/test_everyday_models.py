@@ -418,3 +418,20 @@ def test_a_stateful_rnn_trains_on_one_tower_as_on_one_device():
         batch_size=6,
         epochs=2,
     )
+
+
+@pytest.mark.parametrize(
+    "strategy",
+    [
+        lambda: tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"]),
+        lambda: tf.distribute.OneDeviceStrategy("/cpu:0"),
+    ],
+    ids=["mirrored", "one-device"],
+)
+def test_building_inside_a_strategy_scope_is_refused(strategy):
+    # The keras.io multi-GPU guide builds in `strategy.scope()`; a TowerModel
+    # built there crashed in its first step with an AddN shape error.
+    inputs = keras.Input((3,))
+    with strategy().scope():
+        with pytest.raises(ValueError, match=r"outside `strategy.scope\(\)`"):
+            kerastower.TowerModel(inputs, keras.layers.Dense(1)(inputs), towers=2)

@@ -88,6 +88,9 @@ SETUPS = {
     "tower": "kerastower.TowerModel.from_model(model, towers=N)",
     "tower_replicas": "kerastower.TowerModel.from_model(model, towers=N, "
     "replicate_variables=True): per-tower replicas, ring all-reduce",
+    "tower_replicas_accumulate": "tower_replicas with "
+    "kerastower.callbacks.GradientAccumulation(2, 'carry'): measured step 1 "
+    "applies a window, step 2 only accumulates",
     "mirrored_ring": "tf.distribute.MirroredStrategy(devices): default "
     "cross-device ops, CollectiveAllReduce with the RING implementation on CPUs",
     "mirrored_one": "tf.distribute.MirroredStrategy(devices, "
@@ -380,14 +383,17 @@ def _worker(model_name: str, setup: str, devices: int, batch_size: int) -> None:
         )
         return model
 
-    if setup in ("tower", "tower_replicas"):
+    callbacks = []
+    if setup.startswith("tower"):
         model = compiled(
             kerastower.TowerModel.from_model(
                 _build(model_name),
                 towers=devices,
-                replicate_variables=setup == "tower_replicas",
+                replicate_variables=setup.startswith("tower_replicas"),
             )
         )
+        if setup.endswith("_accumulate"):
+            callbacks.append(kerastower.callbacks.GradientAccumulation(2, "carry"))
     else:
         cross_device_ops = {
             "mirrored_ring": None,
@@ -413,7 +419,12 @@ def _worker(model_name: str, setup: str, devices: int, batch_size: int) -> None:
     x = rng.normal(size=(examples, features)).astype("float32")
     y = rng.integers(0, classes, size=(examples,)).astype("int32")
     model.fit(
-        x, y, batch_size=batch_size, shuffle=False, verbose=0, callbacks=[Markers()]
+        x,
+        y,
+        batch_size=batch_size,
+        shuffle=False,
+        verbose=0,
+        callbacks=[*callbacks, Markers()],
     )
     facts = {
         "devices": [short_device(name) for name in names],

@@ -14,6 +14,7 @@ window. Regularization gradients appear in every ``g_j`` and so once in ``g``.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import tensorflow as tf
 
@@ -74,7 +75,8 @@ class GradientAccumulator:
     """Accumulators for one copy of the trainable variables, and a counter.
 
     Memory: one extra copy of every trainable variable (dense, even for
-    gradients that arrive as `tf.IndexedSlices`), plus two scalars.
+    gradients that arrive as `tf.IndexedSlices`), plus two scalars; with
+    replicas (`attach`), one more on each replica tower.
 
     Args:
         variables: The trainable variables of the model.
@@ -95,6 +97,37 @@ class GradientAccumulator:
         # Set when a step (traced or eager) accumulates: a `train_step` of
         # the model's own that never does would silently not accumulate.
         self.used = False
+        self.replicas: Any = None
+        self.replica_sums: list[list[tf.Variable]] = []
+
+    def attach(self, replicas: Any) -> None:
+        """Keeps a window for each replica tower of `replicas` too.
+
+        With `kerastower.replicas.Replicas`, every tower ``i >= 1`` receives
+        the all-reduced gradient of each micro-batch and adds it to sums of
+        its own, on its device (`accumulate_replica`), so the window's
+        gradient never leaves the tower; when the model's window is applied,
+        each tower applies its own with `Replicas.apply`. The sums start as
+        copies of the model's window: `BackupAndRestore` restores that
+        window when an epoch begins, before the step is traced and attaches.
+        Does nothing when already attached to `replicas`.
+
+        Args:
+            replicas: The `kerastower.replicas.Replicas` of `variables`.
+        """
+        if replicas is self.replicas:
+            return
+        with tf.init_scope():
+            self.replica_sums = []
+            for device in replicas.devices[1:]:
+                with tf.device(device):
+                    self.replica_sums.append(
+                        [
+                            tf.Variable(tf.identity(s), trainable=False)
+                            for s in self.sums
+                        ]
+                    )
+        self.replicas = replicas
 
     def accumulate(self, gradients, batch_size, optimizer) -> None:
         """Adds one micro-batch and applies the window once it is full.
@@ -120,6 +153,23 @@ class GradientAccumulator:
             lambda: tf.constant(False),
         )
 
+    def accumulate_replica(
+        self, tower: int, gradients, indices: Sequence[int], batch_size
+    ) -> None:
+        """Adds replica tower `tower`'s copy of a micro-batch's gradients.
+
+        Args:
+            tower: The replica tower, ``1 .. N-1``.
+            gradients: The micro-batch's summed gradients on that tower, of
+                the variables at `indices`.
+            indices: Which of `variables` the gradients belong to.
+            batch_size: The micro-batch's global batch size ``n_j``.
+        """
+        sums = self.replica_sums[tower - 1]
+        for j, grad in zip(indices, gradients):
+            grad = tf.convert_to_tensor(grad)
+            sums[j].assign_add(grad * tf.cast(batch_size, grad.dtype))
+
     def apply_pending(self, optimizer) -> None:
         """Applies a partial window now (e.g. at the end of an epoch)."""
         tf.cond(
@@ -129,6 +179,13 @@ class GradientAccumulator:
         )
 
     def _apply(self, optimizer) -> tf.Tensor:
+        # The replicas first: their optimizers copy `optimizer`'s step count
+        # before it applies.
+        indices = [j for j, connected in enumerate(self.connected) if connected]
+        for tower, sums in enumerate(self.replica_sums, start=1):
+            with tf.device(self.replicas.devices[tower]):
+                window = [window_gradient(sums[j], self.examples) for j in indices]
+            self.replicas.apply(tower, window, indices)
         pairs = [
             (window_gradient(total, self.examples), variable)
             for total, variable, connected in zip(
@@ -144,5 +201,9 @@ class GradientAccumulator:
         """Drops the window's sums without applying them."""
         for total in self.sums:
             total.assign(tf.zeros_like(total))
+        for tower, sums in enumerate(self.replica_sums, start=1):
+            with tf.device(self.replicas.devices[tower]):
+                for total in sums:
+                    total.assign(tf.zeros_like(total))
         self.examples.assign(0)
         self.micro_batches.assign(0)

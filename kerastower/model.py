@@ -12,7 +12,7 @@ import tensorflow as tf
 from kerastower import _keras_compat, checks, cluster, custom_step, multi_worker
 from kerastower import devices as devices_lib
 from kerastower._keras_compat import Functional, functional_init_arguments
-from kerastower.replicas import Replicas, SyncReplicas
+from kerastower.replicas import Replicas, sync_callbacks
 from kerastower.strategy import TowerStrategy
 from kerastower.tower_step import TowerStep
 
@@ -98,8 +98,8 @@ class TowerModel(_keras_compat.TrainerHooks, keras.Model):
             much more than a ring all-reduce, ``2 (N-1)/N`` times the
             gradient bytes per step, instead of about ``N`` times that on the
             first tower. The model's variables stay ordinary variables.
-            Single worker and the built-in `train_step` only. Defaults to
-            ``False``.
+            One worker, no XLA; a `train_step` of your own trains without
+            replicas (with a warning). Defaults to ``False``.
         **kwargs: Passed to `keras.Model`.
 
     Raises:
@@ -302,11 +302,10 @@ class TowerModel(_keras_compat.TrainerHooks, keras.Model):
         ours = []
         if self.num_workers > 1:
             ours.append(multi_worker.BroadcastFromChief())
-        if (
-            self._replicas is not None
-            and type(self).train_step is TowerModel.train_step
-        ):
-            ours.append(SyncReplicas(self._replicas))
+        if self._replicas is not None:
+            ours += sync_callbacks(
+                self._replicas, type(self).train_step is TowerModel.train_step
+            )
         if ours:
             kwargs["callbacks"] = list(kwargs.pop("callbacks", None) or []) + ours
         try:

@@ -30,6 +30,9 @@ tower's device and sends its gradients back there, so that device moves about
    scale) from the model's optimizer, so each replica takes the very update
    the primary takes: ``w_i <- update(w_i, g, state_i) == update(w, g,
    state)`` whenever ``w_i == w`` and ``state_i == state`` before the step.
+   Under `kerastower.callbacks.GradientAccumulation` each tower adds its sum
+   to a window of its own instead, on its device, and applies it when the
+   model's window is applied (`GradientAccumulator.attach`).
 
 A batch smaller than the number of towers runs whole on tower 0 (see
 `kerastower.tower_step.TowerStep.split_run`); its gradient is then sent to
@@ -41,6 +44,7 @@ every replica. The replicas and the clones' state are copied from the model
 from __future__ import annotations
 
 import contextlib
+import warnings
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -119,15 +123,9 @@ class Replicas:
         """Checks that `model`'s training step can run with replicas.
 
         Raises:
-            ValueError: If `kerastower.callbacks.GradientAccumulation` is
-                active or the step is compiled with XLA (``jit_compile``),
+            ValueError: If the step is compiled with XLA (``jit_compile``),
                 which replicas do not support.
         """
-        if model._gradient_accumulator is not None:
-            raise ValueError(
-                "`replicate_variables=True` does not support GradientAccumulation "
-                "yet. Received: replicate_variables=True with GradientAccumulation"
-            )
         if model.jit_compile:
             raise ValueError(
                 "`replicate_variables=True` does not support XLA: its all-reduce "
@@ -257,6 +255,8 @@ class Replicas:
         per_tower: Sequence[Sequence[Any]],
         indices: Sequence[int],
         static_rows: Sequence[bool | None] | None = None,
+        accumulator: Any = None,
+        batch_size: Any = None,
     ) -> list[Any]:
         """All-reduces the towers' gradients and updates every replica.
 
@@ -267,6 +267,12 @@ class Replicas:
             indices: Which replicated variables the gradients belong to.
             static_rows: Per gradient, `kerastower.sharding.sum_gradients`'s
                 ``static_rows`` for sparse ones (``None``: from the shapes).
+            accumulator: A `kerastower.accumulation.GradientAccumulator`
+                attached to these replicas: each tower ``i >= 1`` then adds
+                its sum to its own window (of `batch_size` examples) instead
+                of applying it; the accumulator applies the windows.
+            batch_size: The micro-batch's global batch size, with
+                `accumulator`.
 
         Returns:
             Tower 0's summed gradients, on its device, for the model's own
@@ -282,14 +288,29 @@ class Replicas:
                 f"Received: {len(per_tower)}"
             )
         for tower in range(1, len(self.devices)):
-            copies = self._copies[tower - 1]
-            clone = self._clones[tower - 1]
-            with tf.device(self.devices[tower]):
-                for primary, state in zip(self._optimizer.variables, clone.variables):
-                    if len(state.shape) == 0:  # iterations, learning rate, scale
-                        state.assign(primary.value)
-                clone.apply_gradients(zip(summed[tower], [copies[j] for j in indices]))
+            if accumulator is None:
+                self.apply(tower, summed[tower], indices)
+            else:
+                with tf.device(self.devices[tower]):
+                    accumulator.accumulate_replica(
+                        tower, summed[tower], indices, batch_size
+                    )
         return summed[0]
+
+    def apply(self, tower: int, gradients: Sequence[Any], indices: Sequence[int]):
+        """Applies `gradients` to tower `tower`'s replicas at `indices`.
+
+        Its optimizer clone first copies the model's optimizer's scalar state
+        (``iterations``, the learning rate, a loss scale): apply before the
+        model's optimizer applies the same gradients.
+        """
+        copies = self._copies[tower - 1]
+        clone = self._clones[tower - 1]
+        with tf.device(self.devices[tower]):
+            for primary, state in zip(self._optimizer.variables, clone.variables):
+                if len(state.shape) == 0:  # iterations, learning rate, scale
+                    state.assign(primary.value)
+            clone.apply_gradients(zip(gradients, [copies[j] for j in indices]))
 
     def all_reduce(
         self,
@@ -375,3 +396,28 @@ class SyncReplicas(keras.callbacks.Callback):
         if self.model.trainable_weights and self.model.optimizer is not None:
             self.replicas.ensure(self.model.trainable_weights, self.model.optimizer)
         self.replicas.sync()
+
+
+def sync_callbacks(replicas: Replicas, builtin_step: bool) -> list:
+    """The callbacks `TowerModel.fit` adds for `replicas`.
+
+    Args:
+        replicas: The model's `Replicas`.
+        builtin_step: Whether the model trains with `TowerModel`'s own
+            ``train_step``. A ``train_step`` of the user's applies its
+            gradients itself, to the model's variables only: the towers then
+            read those (exactly, as without replicas), and a warning says so.
+
+    Returns:
+        ``[SyncReplicas(replicas)]``, or ``[]`` for a step of the user's.
+    """
+    if builtin_step:
+        return [SyncReplicas(replicas)]
+    warnings.warn(
+        "`replicate_variables=True` has no effect on a model with its own "
+        "`train_step`: the step applies its gradients to the model's variables "
+        "only, so every tower reads those, as without replicas (the training is "
+        "exact, with the traffic of `replicate_variables=False`).",
+        stacklevel=3,
+    )
+    return []

@@ -94,15 +94,19 @@ class TowerStep:
                 return loss, y_pred
 
             replicas = model._replicas
+            accumulator = model._gradient_accumulator
             if replicas is not None:
                 replicas.check(model)
                 replicas.ensure(trainable, model.optimizer)
+                if accumulator is not None:
+                    accumulator.attach(replicas)
             gradients, loss, y_pred, global_batch_size = self.tower_gradients(
                 loss_fn,
                 trainable,
                 (x, y, sample_weight),
                 scale_loss=model.optimizer.scale_loss,
                 replicas=replicas,
+                accumulator=accumulator,
             )
             loss, gradients = self.sum_gradients_over_workers(loss, gradients)
         accumulator = model._gradient_accumulator
@@ -175,7 +179,15 @@ class TowerStep:
             scaled = model.optimizer.scale_loss(loss)
         return tape.gradient(scaled, trainable), loss, y_pred
 
-    def tower_gradients(self, loss_fn, variables, data, scale_loss=None, replicas=None):
+    def tower_gradients(
+        self,
+        loss_fn,
+        variables,
+        data,
+        scale_loss=None,
+        replicas=None,
+        accumulator=None,
+    ):
         """The one-device gradients and loss of `data`, from the towers.
 
         ``loss_fn(shard)`` returns ``(loss, outputs)``: the shard's loss as
@@ -184,8 +196,11 @@ class TowerStep:
         concatenated over this worker's towers; ``B`` is the global batch.
         With `replicas` (a `kerastower.replicas.Replicas` of `variables`),
         each tower reads its replicas, and the replicas are updated with the
-        all-reduced gradients; the gradients returned are tower 0's.
+        all-reduced gradients, or add them to their windows of `accumulator`
+        (a `GradientAccumulator` attached to `replicas`); the gradients
+        returned are tower 0's.
         """
+        batch = tf.shape(first_leaf(data))[0]
         connected: list[int] = []
 
         def tower_fn(shard, weight, losses):
@@ -219,7 +234,9 @@ class TowerStep:
                 static_rows[j] = static_rows.get(j, True) and rows
             static = [static_rows[j] for j in connected]
             if replicas is not None:
-                grads = replicas.update([t[0] for t in per_tower], connected, static)
+                grads = replicas.update(
+                    [t[0] for t in per_tower], connected, static, accumulator, batch
+                )
             else:
                 grads = [
                     sum_gradients([t[0][k] for t in per_tower], rows)

@@ -254,16 +254,7 @@ def test_errors():
         Replicas(["/CPU:0"])
     x, y = regression_data(n=12)
     _, towered = twin(mlp, 2, replicate_variables=True)
-    towered.compile(optimizer="sgd", loss="mse")
-    with pytest.raises(ValueError, match="does not support GradientAccumulation"):
-        towered.fit(
-            x,
-            y,
-            batch_size=4,
-            verbose=0,
-            callbacks=[kerastower.callbacks.GradientAccumulation(2)],
-        )
-    _, towered = twin(mlp, 2, replicate_variables=True)
+
     towered.compile(optimizer="sgd", loss="mse", jit_compile=True)
     with pytest.raises(ValueError, match="does not support XLA.*jit_compile=True"):
         towered.fit(x, y, batch_size=4, verbose=0)
@@ -297,3 +288,94 @@ def test_towers_read_their_replicas_not_the_model_variables():
         model.train_on_batch(x[:8], y[:8])
     difference = np.abs(plain.get_weights()[0] - towered.get_weights()[0]).max()
     assert difference > 1e-3
+
+
+@pytest.mark.parametrize("towers", [2, 4])
+@pytest.mark.parametrize(
+    "optimizer",
+    [keras.optimizers.SGD(0.05, momentum=0.9), keras.optimizers.Adam(0.01)],
+    ids=["sgd", "adam"],
+)
+@pytest.mark.parametrize("epoch_end", ["apply", "carry"])
+def test_gradient_accumulation_matches_one_device_with_the_bigger_batch(
+    towers, optimizer, epoch_end
+):
+    # 23 examples in micro-batches of 3: windows of 9 examples, a short last
+    # micro-batch, and a window that either ends with the epoch or spans two.
+    x, y = regression_data(n=23)
+    plain, towered = twin(mlp, towers, replicate_variables=True)
+    compile_both(plain, towered, optimizer)
+    accumulation = kerastower.callbacks.GradientAccumulation(3, epoch_end)
+    hb = towered.fit(
+        x, y, batch_size=3, epochs=2, shuffle=False, verbose=0, callbacks=[accumulation]
+    )
+    if epoch_end == "apply":
+        ha = plain.fit(x, y, batch_size=9, epochs=2, shuffle=False, verbose=0)
+        assert_same_history(ha.history, hb.history)
+    else:
+        # Micro-batches of 3 (the last of each epoch holds 2) over the two
+        # epochs as one stream of 46 examples, 3 micro-batches a window.
+        xx, yy = np.concatenate([x, x]), np.concatenate([y, y])
+        for start, stop in [(0, 9), (9, 18), (18, 26), (26, 35), (35, 44), (44, 46)]:
+            plain.train_on_batch(xx[start:stop], yy[start:stop])
+    assert_same_weights(plain, towered)
+    assert_replicas_in_sync(towered)
+    assert accumulation.pending_examples == 0
+
+
+def test_gradient_accumulation_resumed_inside_a_window(tmp_path):
+    """A backup taken inside a window resumes into it on every tower."""
+    x, y = regression_data(n=24)
+
+    class Stop(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            if batch == 4:  # a window of 3 holds one micro-batch
+                raise RuntimeError("stopped")
+
+    def fit(model, *extra):
+        backup = kerastower.callbacks.BackupAndRestore(tmp_path, save_freq=1)
+        accumulation = kerastower.callbacks.GradientAccumulation(3)
+        return model.fit(
+            x,
+            y,
+            batch_size=2,
+            epochs=2,
+            shuffle=False,
+            verbose=0,
+            callbacks=[accumulation, backup, *extra],
+        )
+
+    plain, towered = twin(mlp, 4, replicate_variables=True)
+    compile_both(plain, towered, keras.optimizers.Adam(0.01))
+    ha = plain.fit(x, y, batch_size=6, epochs=2, shuffle=False, verbose=0)
+    with pytest.raises(RuntimeError, match="stopped"):
+        fit(towered, Stop())
+    fit(towered)
+    assert_same_weights(plain, towered)
+    assert_replicas_in_sync(towered)
+    assert len(ha.history["loss"]) == 2
+
+
+def test_a_train_step_of_ones_own_warns_and_trains_without_replicas():
+    class OwnStep(kerastower.TowerModel):
+        def train_step(self, data):
+            x, y = data
+
+            def loss_fn(a, b):
+                return keras.ops.mean(keras.ops.square(self(a, training=True) - b))
+
+            variables = self.trainable_variables
+            grads, loss = self.tower_gradients(loss_fn, variables, x, y)
+            self.optimizer.apply_gradients(zip(grads, variables))
+            return {"loss": loss}
+
+    x, y = regression_data(n=23)
+    plain = mlp()
+    base = mlp()
+    towered = OwnStep(base.inputs, base.outputs, towers=3, replicate_variables=True)
+    towered.set_weights(plain.get_weights())
+    compile_both(plain, towered, keras.optimizers.Adam(0.01), metrics=())
+    with pytest.warns(UserWarning, match="has no effect on a model with its own"):
+        fit_pair(plain, towered, x, y, batch_size=5, epochs=2)
+    assert_same_weights(plain, towered)
+    assert not towered._replicas.built

@@ -297,6 +297,7 @@ class TowerStep:
         model = self.model
         if model.num_towers > 1:
             checks.check_no_stateful_layers(model)
+            checks.warn_if_xla_uses_one_device(model)
         batch = tf.shape(first_leaf(data))[0]
         workers = model.num_workers if across_workers else 1
         total = tf.cast(batch, tf.float32)

@@ -1,5 +1,7 @@
 """TowerModel gives the same weights, losses, metrics and predictions as one device."""
 
+import warnings
+
 import keras
 import numpy as np
 import pytest
@@ -369,6 +371,28 @@ def test_jit_compile():
     )
     assert_same_history(ha, hb)
     assert_same_weights(plain, towered)
+
+
+@pytest.mark.parametrize(
+    "jit_compile, towers, warns", [(True, 2, True), (False, 2, False), (True, 1, False)]
+)
+def test_jit_compile_warns_that_every_tower_runs_on_the_first_device(
+    jit_compile, towers, warns
+):
+    # XLA compiles the step into one computation on one device and ignores
+    # the towers' placements in it: with jit_compile=True every op of a
+    # 4-tower step ran on the first logical CPU (TensorFlow's executor log).
+    x, y = regression_data(n=8)
+    _, towered = twin(mlp, towers)
+    towered.compile(optimizer="sgd", loss="mse", jit_compile=jit_compile)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        towered.fit(x, y, batch_size=4, verbose=0)
+    messages = [str(w.message) for w in caught]
+    shown = [m for m in messages if "into one XLA computation" in m]
+    assert bool(shown) == warns, messages
+    if warns:
+        assert "CPU:0" in shown[0] and "other devices do no work" in shown[0]
 
 
 class CountsTraces(keras.layers.Layer):

@@ -9,14 +9,25 @@ the gradient of the mean loss over all ``N = n_1 + ... + n_k`` examples::
 which is the gradient one device computes on one batch of ``N`` examples: a
 short last micro-batch counts for its examples, not for ``1 / k`` of the
 window. Regularization gradients appear in every ``g_j`` and so once in ``g``.
+
+A sparse gradient (`tf.IndexedSlices`, from `Embedding` and other gathers)
+stays sparse in the window, with the rows one device's batch of ``N``
+examples would have: the micro-batches' rows are concatenated in order, or,
+for a table gathered once per batch, summed by index
+(`kerastower.sharding.sum_gradients`, as for towers). Keras's optimizers
+square each row of the slices on its own (Adam's second moment sums the
+squared rows of a repeated index), so a window summed densely would train
+another model.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 import tensorflow as tf
+
+from kerastower.sharding import sum_gradients
 
 
 def validate_steps(steps: int | Mapping[int, int]) -> dict[int, int]:
@@ -71,12 +82,109 @@ def window_gradient(weighted_sum: tf.Tensor, examples: tf.Tensor) -> tf.Tensor:
     return weighted_sum / tf.cast(examples, weighted_sum.dtype)
 
 
-class GradientAccumulator:
-    """Accumulators for one copy of the trainable variables, and a counter.
+class Window:
+    """One copy of a window's weighted gradient sums, on one device.
 
-    Memory: one extra copy of every trainable variable (dense, even for
-    gradients that arrive as `tf.IndexedSlices`), plus two scalars; with
-    replicas (`attach`), one more on each replica tower.
+    A dense gradient ``g_j`` adds ``n_j g_j`` to a variable of its shape; a
+    sparse one appends (or, for a fixed set of rows, sums by index) its rows
+    times ``n_j`` to two variables of any length, its values and indices.
+
+    Args:
+        variables: The trainable variables the gradients belong to.
+    """
+
+    def __init__(self, variables: Sequence[Any]):
+        with tf.init_scope():
+            self.sums = [
+                tf.Variable(tf.zeros(v.shape, v.dtype), trainable=False)
+                for v in variables
+            ]
+            self.values = [
+                tf.Variable(
+                    tf.zeros([0, *v.shape[1:]], v.dtype),
+                    shape=tf.TensorShape([None, *v.shape[1:]]),
+                    trainable=False,
+                )
+                for v in variables
+            ]
+            self.indices = [
+                tf.Variable(
+                    tf.zeros([0], tf.int64),
+                    shape=tf.TensorShape([None]),
+                    trainable=False,
+                )
+                for _ in variables
+            ]
+        self.dense_shapes = [tuple(v.shape) for v in variables]
+        # Per variable: whether its gradients arrive as `tf.IndexedSlices`
+        # (set when a step is traced, read when the window is applied).
+        self.sparse = [False] * len(variables)
+
+    def state(self) -> list[tf.Variable]:
+        """Every variable of the window, for backups."""
+        return [*self.sums, *self.values, *self.indices]
+
+    def copy_to(self, device: str) -> Window:
+        """A new window on `device` holding this window's current sums."""
+        with tf.init_scope(), tf.device(device):
+            copy = Window(self.sums)
+            for mine, theirs in zip(self.state(), copy.state()):
+                theirs.assign(mine)
+        copy.sparse = list(self.sparse)
+        return copy
+
+    def add(self, gradients, indices, batch_size, static_rows) -> None:
+        """Adds ``n_j g_j`` for the gradients of the variables at `indices`.
+
+        `static_rows` holds the variables whose sparse gradients gather a
+        fixed set of rows (see `kerastower.sharding.sum_gradients`).
+        """
+        for j, grad in zip(indices, gradients):
+            if isinstance(grad, tf.IndexedSlices):
+                self.sparse[j] = True
+                scale = tf.cast(batch_size, grad.values.dtype)
+                rows = tf.IndexedSlices(
+                    grad.values * scale,
+                    tf.cast(grad.indices, tf.int64),
+                    grad.dense_shape,
+                )
+                held = tf.IndexedSlices(
+                    self.values[j].value(), self.indices[j].value(), rows.dense_shape
+                )
+                total = sum_gradients([held, rows], j in static_rows)
+                self.values[j].assign(total.values)
+                self.indices[j].assign(total.indices)
+            else:
+                grad = tf.convert_to_tensor(grad)
+                self.sums[j].assign_add(grad * tf.cast(batch_size, grad.dtype))
+
+    def gradients(self, indices, examples) -> list[Any]:
+        """The window's gradients of the variables at `indices`, over `examples`."""
+        out = []
+        for j in indices:
+            if self.sparse[j]:
+                values = window_gradient(self.values[j].value(), examples)
+                shape = tf.constant(self.dense_shapes[j], tf.int32)
+                out.append(tf.IndexedSlices(values, self.indices[j].value(), shape))
+            else:
+                out.append(window_gradient(self.sums[j], examples))
+        return out
+
+    def reset(self) -> None:
+        """Empties the window."""
+        for total in self.sums:
+            total.assign(tf.zeros_like(total))
+        for values, indices in zip(self.values, self.indices):
+            values.assign(tf.zeros([0, *values.shape[1:]], values.dtype))
+            indices.assign(tf.zeros([0], tf.int64))
+
+
+class GradientAccumulator:
+    """The window of the model's variables, its counters, and the replicas'.
+
+    Memory: one extra copy of every trainable variable, plus, for a sparse
+    gradient, the rows of the window's micro-batches, plus two scalars; with
+    replicas (`attach`), as much again on each replica tower.
 
     Args:
         variables: The trainable variables of the model.
@@ -85,11 +193,8 @@ class GradientAccumulator:
 
     def __init__(self, variables: Sequence[tf.Variable], steps: int):
         self.variables = list(variables)
+        self.window = Window(self.variables)
         with tf.init_scope():
-            self.sums = [
-                tf.Variable(tf.zeros(v.shape, v.dtype), trainable=False)
-                for v in self.variables
-            ]
             self.examples = tf.Variable(0, dtype=tf.int64, trainable=False)
             self.micro_batches = tf.Variable(0, dtype=tf.int64, trainable=False)
             self.steps = tf.Variable(steps, dtype=tf.int64, trainable=False)
@@ -98,38 +203,37 @@ class GradientAccumulator:
         # the model's own that never does would silently not accumulate.
         self.used = False
         self.replicas: Any = None
-        self.replica_sums: list[list[tf.Variable]] = []
+        self.replica_windows: list[Window] = []
+
+    def state(self) -> list[tf.Variable]:
+        """What a backup must hold to resume inside a window."""
+        return [*self.window.state(), self.examples, self.micro_batches, self.steps]
 
     def attach(self, replicas: Any) -> None:
         """Keeps a window for each replica tower of `replicas` too.
 
         With `kerastower.replicas.Replicas`, every tower ``i >= 1`` receives
-        the all-reduced gradient of each micro-batch and adds it to sums of
-        its own, on its device (`accumulate_replica`), so the window's
+        the all-reduced gradient of each micro-batch and adds it to a window
+        of its own, on its device (`accumulate_replica`), so the window's
         gradient never leaves the tower; when the model's window is applied,
-        each tower applies its own with `Replicas.apply`. The sums start as
-        copies of the model's window: `BackupAndRestore` restores that
-        window when an epoch begins, before the step is traced and attaches.
-        Does nothing when already attached to `replicas`.
+        each tower applies its own with `Replicas.apply`. The windows start
+        as copies of the model's: `BackupAndRestore` restores that window when
+        an epoch begins, before the step is traced and attaches. Does nothing
+        when already attached to `replicas`.
 
         Args:
             replicas: The `kerastower.replicas.Replicas` of `variables`.
         """
         if replicas is self.replicas:
             return
-        with tf.init_scope():
-            self.replica_sums = []
-            for device in replicas.devices[1:]:
-                with tf.device(device):
-                    self.replica_sums.append(
-                        [
-                            tf.Variable(tf.identity(s), trainable=False)
-                            for s in self.sums
-                        ]
-                    )
+        self.replica_windows = [
+            self.window.copy_to(device) for device in replicas.devices[1:]
+        ]
         self.replicas = replicas
 
-    def accumulate(self, gradients, batch_size, optimizer) -> None:
+    def accumulate(
+        self, gradients, batch_size, optimizer, static_rows: Collection[int] = ()
+    ) -> None:
         """Adds one micro-batch and applies the window once it is full.
 
         Args:
@@ -137,14 +241,16 @@ class GradientAccumulator:
                 `variables` (``None`` for a variable without gradient).
             batch_size: The micro-batch's global batch size ``n_j``.
             optimizer: The optimizer that applies the window's gradient.
+            static_rows: The indices of the variables whose sparse gradients
+                gather a fixed set of rows.
         """
         self.connected = [g is not None for g in gradients]
         self.used = True
         batch_size = tf.cast(batch_size, tf.int64)
-        for total, grad in zip(self.sums, gradients):
-            if grad is not None:
-                grad = tf.convert_to_tensor(grad)
-                total.assign_add(grad * tf.cast(batch_size, grad.dtype))
+        indices = [j for j, g in enumerate(gradients) if g is not None]
+        self.window.add(
+            [gradients[j] for j in indices], indices, batch_size, static_rows
+        )
         self.examples.assign_add(batch_size)
         self.micro_batches.assign_add(1)
         tf.cond(
@@ -154,7 +260,12 @@ class GradientAccumulator:
         )
 
     def accumulate_replica(
-        self, tower: int, gradients, indices: Sequence[int], batch_size
+        self,
+        tower: int,
+        gradients,
+        indices: Sequence[int],
+        batch_size,
+        static_rows: Collection[int] = (),
     ) -> None:
         """Adds replica tower `tower`'s copy of a micro-batch's gradients.
 
@@ -164,11 +275,11 @@ class GradientAccumulator:
                 the variables at `indices`.
             indices: Which of `variables` the gradients belong to.
             batch_size: The micro-batch's global batch size ``n_j``.
+            static_rows: As for `accumulate`.
         """
-        sums = self.replica_sums[tower - 1]
-        for j, grad in zip(indices, gradients):
-            grad = tf.convert_to_tensor(grad)
-            sums[j].assign_add(grad * tf.cast(batch_size, grad.dtype))
+        self.replica_windows[tower - 1].add(
+            gradients, indices, tf.cast(batch_size, tf.int64), static_rows
+        )
 
     def apply_pending(self, optimizer) -> None:
         """Applies a partial window now (e.g. at the end of an epoch)."""
@@ -182,28 +293,20 @@ class GradientAccumulator:
         # The replicas first: their optimizers copy `optimizer`'s step count
         # before it applies.
         indices = [j for j, connected in enumerate(self.connected) if connected]
-        for tower, sums in enumerate(self.replica_sums, start=1):
+        for tower, window in enumerate(self.replica_windows, start=1):
             with tf.device(self.replicas.devices[tower]):
-                window = [window_gradient(sums[j], self.examples) for j in indices]
-            self.replicas.apply(tower, window, indices)
-        pairs = [
-            (window_gradient(total, self.examples), variable)
-            for total, variable, connected in zip(
-                self.sums, self.variables, self.connected
-            )
-            if connected
-        ]
-        optimizer.apply_gradients(pairs)
+                gradients = window.gradients(indices, self.examples)
+            self.replicas.apply(tower, gradients, indices)
+        gradients = self.window.gradients(indices, self.examples)
+        optimizer.apply_gradients(zip(gradients, [self.variables[j] for j in indices]))
         self.reset()
         return tf.constant(True)
 
     def reset(self) -> None:
         """Drops the window's sums without applying them."""
-        for total in self.sums:
-            total.assign(tf.zeros_like(total))
-        for tower, sums in enumerate(self.replica_sums, start=1):
+        self.window.reset()
+        for tower, window in enumerate(self.replica_windows, start=1):
             with tf.device(self.replicas.devices[tower]):
-                for total in sums:
-                    total.assign(tf.zeros_like(total))
+                window.reset()
         self.examples.assign(0)
         self.micro_batches.assign(0)

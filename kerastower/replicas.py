@@ -287,13 +287,14 @@ class Replicas:
                 f"`per_tower` must hold 1 or {len(self.devices)} gradient lists. "
                 f"Received: {len(per_tower)}"
             )
+        fixed = {j for j, rows in zip(indices, static_rows or []) if rows}
         for tower in range(1, len(self.devices)):
             if accumulator is None:
                 self.apply(tower, summed[tower], indices)
             else:
                 with tf.device(self.devices[tower]):
                     accumulator.accumulate_replica(
-                        tower, summed[tower], indices, batch_size
+                        tower, summed[tower], indices, batch_size, fixed
                     )
         return summed[0]
 

@@ -164,7 +164,10 @@ def traced_static_rows(loss_fn, variables: Sequence[Any], data: Any) -> set[int]
 def merge_rows(slices: tf.IndexedSlices) -> tf.IndexedSlices:
     """Sums the rows of `slices` that share an index (one row per index)."""
     unique, position = tf.unique(slices.indices)
-    values = tf.math.unsorted_segment_sum(slices.values, position, tf.size(unique))
+    # `tf.shape`, not `tf.size`: for rows read from a variable of unknown
+    # length (a window of `kerastower.accumulation`), `tf.size` of the
+    # unique indices came out 0 in a traced step while `tf.shape` was right.
+    values = tf.math.unsorted_segment_sum(slices.values, position, tf.shape(unique)[0])
     return tf.IndexedSlices(values, unique, slices.dense_shape)
 
 

@@ -77,24 +77,33 @@ class TowerStep:
         x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
         trainable = model.trainable_weights
         batch_size = tf.shape(first_leaf(x))[0]
+        accumulator = model._gradient_accumulator
+
+        def loss_fn(shard):
+            tx, ty, tsw = shard
+            y_pred = _keras_compat.forward(model, tx, training=True)
+            loss = _keras_compat.compute_loss(model, tx, ty, y_pred, tsw, training=True)
+            return loss, y_pred
+
         if model.num_towers == 1 and model.num_workers == 1:
             with tf.device(model.tower_devices[0]):
                 gradients, loss, y_pred = self.one_device_gradients(
                     x, y, sample_weight, trainable
                 )
             global_batch_size = batch_size
-        else:
-
-            def loss_fn(shard):
-                tx, ty, tsw = shard
-                y_pred = _keras_compat.forward(model, tx, training=True)
-                loss = _keras_compat.compute_loss(
-                    model, tx, ty, y_pred, tsw, training=True
+            if accumulator is not None and any(
+                isinstance(g, tf.IndexedSlices) for g in gradients
+            ):
+                # Which sparse gradients gather a fixed set of rows.
+                data = (x, y, sample_weight)
+                traced = self.eager_static_rows(loss_fn, trainable, data)
+                self._static_rows = (
+                    traced_static_rows(loss_fn, trainable, data)
+                    if traced is None
+                    else traced
                 )
-                return loss, y_pred
-
+        else:
             replicas = model._replicas
-            accumulator = model._gradient_accumulator
             if replicas is not None:
                 replicas.check(model)
                 replicas.ensure(trainable, model.optimizer)
@@ -109,14 +118,15 @@ class TowerStep:
                 accumulator=accumulator,
             )
             loss, gradients = self.sum_gradients_over_workers(loss, gradients)
-        accumulator = model._gradient_accumulator
         if not trainable:
             warnings.warn(
                 "The model does not have any trainable weights.", stacklevel=2
             )
         elif accumulator is not None:
             # Micro-batches weigh by their examples on all workers together.
-            accumulator.accumulate(gradients, global_batch_size, model.optimizer)
+            accumulator.accumulate(
+                gradients, global_batch_size, model.optimizer, self._static_rows
+            )
         else:
             model.optimizer.apply_gradients(zip(gradients, trainable))
 

@@ -60,3 +60,24 @@ def regression_data(n=23, inputs=5, outputs=1, seed=0):
     x = rng.normal(size=(n, inputs)).astype("float32")
     y = rng.normal(size=(n, outputs)).astype("float32")
     return x, y
+
+
+class TokenAndPosition(keras.layers.Layer):
+    """The keras.io Transformer's embedding: a position table gathered once."""
+
+    def __init__(self, length=6, vocab=30, dim=8, **kwargs):
+        super().__init__(**kwargs)
+        self.length = length
+        self.tokens = keras.layers.Embedding(vocab, dim)
+        self.positions = keras.layers.Embedding(length, dim)
+
+    def call(self, x):
+        return self.tokens(x) + self.positions(keras.ops.arange(self.length))
+
+
+def token_position_model():
+    keras.utils.set_random_seed(0)
+    inputs = keras.Input((6,), dtype="int32")
+    h = TokenAndPosition()(inputs)
+    h = keras.layers.GlobalAveragePooling1D()(h)
+    return keras.Model(inputs, keras.layers.Dense(1)(h))

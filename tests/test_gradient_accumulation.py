@@ -4,7 +4,14 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from oracle import assert_same_history, assert_same_weights, mlp, regression_data, twin
+from oracle import (
+    assert_same_history,
+    assert_same_weights,
+    mlp,
+    regression_data,
+    token_position_model,
+    twin,
+)
 
 import kerastower
 from kerastower.accumulation import steps_for_epoch, validate_steps
@@ -246,3 +253,70 @@ def test_optimizer_gradient_accumulation_steps_points_to_the_callback():
     )
     with pytest.raises(ValueError, match="GradientAccumulation"):
         model.fit(*regression_data(), verbose=0)
+
+
+@pytest.mark.parametrize("towers", [1, 3])
+@pytest.mark.parametrize("run_eagerly", [False, True], ids=["graph", "eager"])
+@pytest.mark.parametrize(
+    "optimizer",
+    [lambda: keras.optimizers.Adam(0.01), lambda: keras.optimizers.Adagrad(0.1)],
+    ids=["adam", "adagrad"],
+)
+def test_sparse_gradients_keep_one_devices_rows(towers, run_eagerly, optimizer):
+    # Few token ids, so rows repeat within and across micro-batches: Keras's
+    # Adam squares each row of the slices, so a window summed densely (the
+    # square of the sum) trained another model (0.04 off after one epoch).
+    # The position table is gathered once per batch: its rows sum by index.
+    rng = np.random.default_rng(3)
+    x = rng.integers(0, 5, size=(22, 6)).astype("int32")
+    y = rng.normal(size=(22, 1)).astype("float32")
+    plain, towered = twin(token_position_model, towers)
+    plain.compile(optimizer=optimizer(), loss="mse")
+    towered.compile(optimizer=optimizer(), loss="mse", run_eagerly=run_eagerly)
+    ha = plain.fit(x, y, batch_size=9, epochs=2, shuffle=False, verbose=0)
+    hb = towered.fit(
+        x,
+        y,
+        batch_size=3,
+        epochs=2,
+        shuffle=False,
+        verbose=0,
+        callbacks=[GradientAccumulation(3)],
+    )
+    assert_same_history(ha.history, hb.history)
+    assert_same_weights(plain, towered)
+
+
+def test_a_window_of_sparse_rows_resumes_after_a_stop(tmp_path):
+    rng = np.random.default_rng(4)
+    x = rng.integers(0, 5, size=(24, 6)).astype("int32")
+    y = rng.normal(size=(24, 1)).astype("float32")
+
+    class Stop(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            if batch == 4:  # a window of 3 holds one micro-batch's rows
+                raise RuntimeError("stopped")
+
+    def fit(model, *extra):
+        return model.fit(
+            x,
+            y,
+            batch_size=2,
+            epochs=2,
+            shuffle=False,
+            verbose=0,
+            callbacks=[
+                GradientAccumulation(3),
+                kerastower.callbacks.BackupAndRestore(tmp_path, save_freq=1),
+                *extra,
+            ],
+        )
+
+    plain, towered = twin(token_position_model, 2)
+    for model in (plain, towered):
+        model.compile(optimizer=keras.optimizers.Adam(0.01), loss="mse")
+    plain.fit(x, y, batch_size=6, epochs=2, shuffle=False, verbose=0)
+    with pytest.raises(RuntimeError, match="stopped"):
+        fit(towered, Stop())
+    fit(towered)
+    assert_same_weights(plain, towered)

@@ -17,6 +17,7 @@ from oracle import (
     assert_close,
     assert_same_history,
     assert_same_weights,
+    token_position_model,
     twin,
 )
 
@@ -61,27 +62,6 @@ def fit_and_compare(
     for g, e in zip(got, expected):
         assert_close(g, e, atol=atol, rtol=rtol)
     return plain, towered
-
-
-class TokenAndPosition(keras.layers.Layer):
-    """The keras.io Transformer's embedding: a position table gathered once."""
-
-    def __init__(self, length=6, vocab=30, dim=8, **kwargs):
-        super().__init__(**kwargs)
-        self.length = length
-        self.tokens = keras.layers.Embedding(vocab, dim)
-        self.positions = keras.layers.Embedding(length, dim)
-
-    def call(self, x):
-        return self.tokens(x) + self.positions(keras.ops.arange(self.length))
-
-
-def token_position_model():
-    keras.utils.set_random_seed(0)
-    inputs = keras.Input((6,), dtype="int32")
-    h = TokenAndPosition()(inputs)
-    h = keras.layers.GlobalAveragePooling1D()(h)
-    return keras.Model(inputs, keras.layers.Dense(1)(h))
 
 
 TOKENS = RNG.integers(0, 5, size=(22, 6))  # few tokens: many duplicates

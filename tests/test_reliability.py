@@ -292,7 +292,7 @@ class AccumulatorAtStart(keras.callbacks.Callback):
 
     def on_train_begin(self, logs=None):
         accumulator = self.accumulation._accumulator
-        sums = [s.numpy() for s in accumulator.sums]
+        sums = [s.numpy() for s in accumulator.window.sums]
         self.seen.append((self.accumulation.pending_examples, sums))
 
 

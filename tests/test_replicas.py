@@ -379,3 +379,28 @@ def test_a_train_step_of_ones_own_warns_and_trains_without_replicas():
         fit_pair(plain, towered, x, y, batch_size=5, epochs=2)
     assert_same_weights(plain, towered)
     assert not towered._replicas.built
+
+
+def test_gradient_accumulation_schedule_with_sparse_gradients_and_adam():
+    rng = np.random.default_rng(1)
+    x = rng.integers(0, 8, size=(30, 6)).astype("int32")
+    y = rng.normal(size=(30, 1)).astype("float32")
+    plain, towered = twin(embedding_model, 3, replicate_variables=True)
+    compile_both(plain, towered, keras.optimizers.Adam(0.05), metrics=())
+    towered.fit(
+        x,
+        y,
+        batch_size=4,
+        epochs=2,
+        shuffle=False,
+        verbose=0,
+        callbacks=[kerastower.callbacks.GradientAccumulation({1: 3})],
+    )
+    # Micro-batches of 4 (the last of each epoch holds 2): windows of 1 in
+    # the first epoch, then of 3.
+    windows = [(i, min(i + 4, 30)) for i in range(0, 30, 4)]
+    windows += [(0, 12), (12, 24), (24, 30)]
+    for start, stop in windows:
+        plain.train_on_batch(x[start:stop], y[start:stop])
+    assert_same_weights(plain, towered)
+    assert_replicas_in_sync(towered)

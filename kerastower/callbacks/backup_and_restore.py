@@ -193,12 +193,7 @@ class BackupAndRestore(keras.callbacks.Callback):
         accumulator = getattr(self.model, "_gradient_accumulator", None)
         if accumulator is None:
             return []
-        return [
-            *accumulator.sums,
-            accumulator.examples,
-            accumulator.micro_batches,
-            accumulator.steps,
-        ]
+        return accumulator.state()
 
     def _save(self, epoch: int, step: int) -> None:
         """Backs up the state after `step` steps of `epoch` (chief writes)."""

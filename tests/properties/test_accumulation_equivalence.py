@@ -17,16 +17,19 @@ def setups(draw):
         draw(st.integers(1, 30)),  # samples
         draw(st.integers(1, 4)),  # towers
         draw(st.integers(0, 2**16)),  # seed
+        draw(st.booleans()),  # replicate_variables
     )
 
 
 @given(setups())
 def test_accumulation_matches_one_device(setup):
-    steps, micro, samples, towers, seed = setup
+    steps, micro, samples, towers, seed, replicas = setup
     rng = np.random.default_rng(seed)
     x = rng.normal(size=(samples, 5)).astype("float32")
     y = rng.normal(size=(samples, 1)).astype("float32")
-    plain, towered = twin(lambda: mlp(seed=seed % 5), towers)
+    plain, towered = twin(
+        lambda: mlp(seed=seed % 5), towers, replicate_variables=replicas
+    )
     for model in (plain, towered):
         model.compile(optimizer=keras.optimizers.Adam(0.01), loss="mse")
     ha = plain.fit(

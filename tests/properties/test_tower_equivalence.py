@@ -1,4 +1,7 @@
-"""Property: N towers train the same weights as one device, for any batch."""
+"""Property: N towers train the same weights as one device, for any batch.
+
+With or without per-tower replicas of the variables (``replicate_variables``).
+"""
 
 import keras
 import numpy as np
@@ -24,19 +27,22 @@ def setups(draw):
     optimizer = draw(st.sampled_from(sorted(OPTIMIZERS)))
     weighted = draw(st.booleans())
     seed = draw(st.integers(0, 2**16))
-    return towers, batch_size, samples, optimizer, weighted, seed
+    replicas = draw(st.booleans())
+    return towers, batch_size, samples, optimizer, weighted, seed, replicas
 
 
 @given(setups())
 def test_towers_match_one_device(setup):
-    towers, batch_size, samples, optimizer, weighted, seed = setup
+    towers, batch_size, samples, optimizer, weighted, seed, replicas = setup
     rng = np.random.default_rng(seed)
     x = rng.normal(size=(samples, 5)).astype("float32")
     y = rng.normal(size=(samples, 1)).astype("float32")
     sample_weight = (
         rng.uniform(0.0, 2.0, size=(samples,)).astype("float32") if weighted else None
     )
-    plain, towered = twin(lambda: mlp(seed=seed % 7), towers)
+    plain, towered = twin(
+        lambda: mlp(seed=seed % 7), towers, replicate_variables=replicas
+    )
     histories = []
     for model in (plain, towered):
         model.compile(optimizer=OPTIMIZERS[optimizer](), loss="mse", metrics=["mae"])

@@ -22,12 +22,12 @@ sys.path.insert(0, str(SCRIPT.parent))
 import natural  # noqa: E402
 
 
-def launch(out, workers, towers, family, timeout=300):
+def launch(out, workers, towers, family, *extra, timeout=300):
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
     env.pop("TF_CONFIG", None)
     env.pop("KERASTOWER_LOGICAL_DEVICES", None)
     command = [sys.executable, "-m", "kerastower", "launch", "-n", str(workers)]
-    command += ["--towers", towers, str(SCRIPT), str(out), family]
+    command += ["--towers", towers, str(SCRIPT), str(out), family, *extra]
     return subprocess.run(
         command, env=env, capture_output=True, text=True, timeout=timeout
     )
@@ -53,7 +53,7 @@ class GlobalBatches(keras.utils.PyDataset):
         return self.batches[index]
 
 
-def one_device(workers, family, initial):
+def one_device_model(family, initial):
     if family == "embedding":
         plain = keras.Model(*natural.embedding_graph(seed=0))
     elif family == "masked":
@@ -65,6 +65,11 @@ def one_device(workers, family, initial):
     with np.load(initial) as data:  # the chief's initial weights
         plain.set_weights([data[f"arr_{k}"] for k in range(len(data.files))])
     plain.compile(optimizer=keras.optimizers.Adam(0.01), loss="mse", metrics=["mae"])
+    return plain
+
+
+def one_device(workers, family, initial):
+    plain = one_device_model(family, initial)
     history = plain.fit(
         GlobalBatches(workers, family),
         epochs=natural.EPOCHS,
@@ -105,6 +110,29 @@ def test_natural_script_trains_the_one_device_model(tmp_path, workers, towers, f
         with np.load(tmp_path / f"worker{index}.npz") as final:
             trained = [final[f"arr_{k}"] for k in range(len(final.files))]
         for a, b in zip(weights, trained, strict=True):
+            assert_close(b, a)
+
+
+@pytest.mark.slow
+def test_accumulated_sparse_rows_across_workers_train_the_one_device_model(tmp_path):
+    # Both workers' micro-batches hit the same token rows. Keras's Adam
+    # squares each row of a one-device gradient on its own, so the window must
+    # keep every micro-batch's rows from every worker (and sum the position
+    # table's by index), not a dense sum.
+    result = launch(tmp_path, 2, "2,3", "embedding", "3")
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    plain = one_device_model("embedding", tmp_path / "initial.npz")
+    # Three global steps per epoch make one window: one device's batch of
+    # all 21 examples, in the order of the steps.
+    batches = GlobalBatches(2, "embedding").batches
+    x = np.concatenate([b[0] for b in batches])
+    y = np.concatenate([b[1] for b in batches])
+    for _ in range(natural.EPOCHS):
+        plain.train_on_batch(x, y)
+    for index in range(2):
+        with np.load(tmp_path / f"worker{index}.npz") as final:
+            trained = [final[f"arr_{k}"] for k in range(len(final.files))]
+        for a, b in zip(plain.get_weights(), trained, strict=True):
             assert_close(b, a)
 
 

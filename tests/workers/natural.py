@@ -6,10 +6,10 @@ trains on one machine, or on several with nothing but `TF_CONFIG` set (the
 tests start it through ``kerastower launch``). The towers are the logical
 CPUs that ``kerastower launch --towers`` asks for.
 
-``python natural.py OUT FAMILY`` trains the model `FAMILY` ("dense",
+``python natural.py OUT FAMILY [K]`` trains the model `FAMILY` ("dense",
 "from_model", "subclassed", "embedding" or "masked") on this worker's
-examples and writes the initial weights (chief), the final weights and the
-history to ``OUT``.
+examples, accumulating `K` micro-batches per update when given, and writes
+the initial weights (chief), the final weights and the history to ``OUT``.
 """
 
 from __future__ import annotations
@@ -119,7 +119,7 @@ def build(family: str, seed: int):
     return kerastower.TowerModel(inputs, outputs)
 
 
-def main(out: str, family: str) -> None:
+def main(out: str, family: str, accumulate: int = 1) -> None:
     index = kerastower.worker_index()
     x, y = family_data(family, index)
     # Different seeds on purpose: every worker starts from the chief's weights.
@@ -127,7 +127,18 @@ def main(out: str, family: str) -> None:
     if index == 0:
         np.savez(os.path.join(out, "initial.npz"), *model.get_weights())
     model.compile(optimizer=keras.optimizers.Adam(0.01), loss="mse", metrics=["mae"])
-    history = model.fit(x, y, batch_size=BATCH, epochs=EPOCHS, shuffle=False, verbose=0)
+    callbacks = []
+    if accumulate > 1:
+        callbacks.append(kerastower.callbacks.GradientAccumulation(accumulate))
+    history = model.fit(
+        x,
+        y,
+        batch_size=BATCH,
+        epochs=EPOCHS,
+        shuffle=False,
+        verbose=0,
+        callbacks=callbacks,
+    )
     np.savez(os.path.join(out, f"worker{index}.npz"), *model.get_weights())
     report = dict(history.history, towers=model.num_towers, workers=model.num_workers)
     with open(os.path.join(out, f"history{index}.json"), "w") as f:
@@ -135,4 +146,4 @@ def main(out: str, family: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2])
+    main(sys.argv[1], sys.argv[2], *(int(k) for k in sys.argv[3:]))

@@ -10,7 +10,8 @@ and 4 towers:
   timed epoch, read from the profiler's ``.xplane.pb`` file;
 - bare TensorFlow (the MLP): the extra time of 4 towers beside the extra
   time of the same 4-way split as a bare `tf.function`, the floor that
-  TensorFlow's multi-device runtime sets.
+  TensorFlow's multi-device runtime sets, with ``steps_per_execution`` 1
+  and 8.
 """
 
 from __future__ import annotations
@@ -118,7 +119,7 @@ def op_profile(workload, variants, top=8):
             print(f"{'':12}{kind:32} {ms:6.3f} ms/step  x{count[kind]:.0f}")
 
 
-def bare_tensorflow(workload, towers=4, repeats=15):
+def bare_tensorflow(workload, towers=4, repeats=15, steps_per_execution=1):
     """The fixed cost of towers against the same split in bare TensorFlow.
 
     Times, interleaved in one process, a plain model and
@@ -128,6 +129,11 @@ def bare_tensorflow(workload, towers=4, repeats=15):
     time of the bare split is what TensorFlow's multi-device runtime costs
     without Keras or kerastower: one executor per device, the weights sent
     to every tower and the gradients back, smaller matrix products.
+
+    With ``steps_per_execution > 1`` the models are compiled with it and
+    the bare step runs in a ``tf.range`` loop of as many steps inside one
+    `tf.function`, the way Keras loops over a multi-step execution (each
+    step a nested `tf.function` call).
     """
     import numpy as np
     import tensorflow as tf
@@ -136,9 +142,12 @@ def bare_tensorflow(workload, towers=4, repeats=15):
     from bench.workloads import Variant, build_variant
 
     x, y = workload.data(STEPS)
+    spe = steps_per_execution
     models = {
-        "plain": build_variant(workload, Variant("plain")),
-        f"tower{towers}": build_variant(workload, Variant("tower", towers)),
+        "plain": build_variant(workload, Variant("plain", steps_per_execution=spe)),
+        f"tower{towers}": build_variant(
+            workload, Variant("tower", towers, steps_per_execution=spe)
+        ),
     }
     for model in models.values():
         time_epoch(model, x, y, workload.batch_size)
@@ -169,28 +178,36 @@ def bare_tensorflow(workload, towers=4, repeats=15):
                 v.assign(0.9 * v - 0.01 * tf.add_n(g) / shards)
                 w.assign_add(v)
 
-        return step
+        @tf.function
+        def execution(inputs, labels):
+            for k in tf.range(spe):
+                step(inputs[k], labels[k])
+
+        return execution
 
     bare = {"bare1": bare_step(1), f"bare{towers}": bare_step(towers)}
-    batch = (
-        tf.constant(x[: workload.batch_size]),
-        tf.constant(y[: workload.batch_size]),
+    n = spe * workload.batch_size
+    batches = (
+        tf.constant(x[:n].reshape(spe, workload.batch_size, *x.shape[1:])),
+        tf.constant(y[:n].reshape(spe, workload.batch_size)),
     )
-    for step in bare.values():
-        step(*batch)
+    for execution in bare.values():
+        execution(*batches)
     times = {name: [] for name in [*models, *bare]}
+    calls = max(1, STEPS // spe)
     for _ in range(repeats):
         for name, model in models.items():
             times[name].append(1e3 * time_epoch(model, x, y, workload.batch_size)[0])
-        for name, step in bare.items():
+        for name, execution in bare.items():
             start = time.perf_counter()
-            for _ in range(STEPS):
-                step(*batch)
-            times[name].append(1e3 * (time.perf_counter() - start) / STEPS)
+            for _ in range(calls):
+                execution(*batches)
+            times[name].append(1e3 * (time.perf_counter() - start) / (calls * spe))
     t = {name: np.array(v) for name, v in times.items()}
     tower, split = f"tower{towers}", f"bare{towers}"
     print(
-        ", ".join(f"{n} {np.median(v):.2f} ms" for n, v in t.items())
+        f"steps_per_execution={spe}: "
+        + ", ".join(f"{n} {np.median(v):.2f} ms" for n, v in t.items())
         + f"\n{tower}/plain {np.median(t[tower] / t['plain']):.2f} "
         f"(+{np.median(t[tower] - t['plain']):.2f} ms); "
         f"{split}/bare1 {np.median(t[split] / t['bare1']):.2f} "
@@ -221,6 +238,7 @@ def main() -> None:
     if args.workload == "mlp":
         print("-- against the same split in bare TensorFlow")
         bare_tensorflow(workload)
+        bare_tensorflow(workload, steps_per_execution=8)
 
 
 if __name__ == "__main__":

@@ -160,3 +160,15 @@ def test_bare_tensorflow_times_the_same_split_beside_towers(capsys):
     assert set(times) == {"plain", "tower2", "bare1", "bare2"}
     assert all(t.shape == (1,) and t[0] > 0 for t in times.values())
     assert "tower2/plain" in capsys.readouterr().out
+
+
+def test_bare_tensorflow_loops_over_steps_per_execution(capsys):
+    from bench.profile import bare_tensorflow
+    from bench.workloads import WORKLOADS
+
+    times = bare_tensorflow(
+        WORKLOADS["tiny_mlp"], towers=2, repeats=1, steps_per_execution=4
+    )
+    assert set(times) == {"plain", "tower2", "bare1", "bare2"}
+    assert all(t.shape == (1,) and t[0] > 0 for t in times.values())
+    assert "steps_per_execution=4" in capsys.readouterr().out

@@ -89,15 +89,25 @@ class Window:
     sparse one appends (or, for a fixed set of rows, sums by index) its rows
     times ``n_j`` to two variables of any length, its values and indices.
 
+    Memory: the dense sum of a variable of rank >= 1 starts with no rows and
+    takes its full shape when a step first adds a dense gradient to it, so a
+    variable with sparse gradients (an embedding table) gets no dense copy.
+
     Args:
-        variables: The trainable variables the gradients belong to.
+        variables: The trainable variables the gradients belong to (or
+            anything with their ``shape`` and ``dtype``).
     """
 
     def __init__(self, variables: Sequence[Any]):
+        self.dense_shapes = [tuple(v.shape) for v in variables]
         with tf.init_scope():
             self.sums = [
-                tf.Variable(tf.zeros(v.shape, v.dtype), trainable=False)
-                for v in variables
+                tf.Variable(
+                    tf.zeros([0, *shape[1:]] if shape else shape, v.dtype),
+                    shape=tf.TensorShape([None, *shape[1:]] if shape else shape),
+                    trainable=False,
+                )
+                for v, shape in zip(variables, self.dense_shapes)
             ]
             self.values = [
                 tf.Variable(
@@ -115,7 +125,6 @@ class Window:
                 )
                 for _ in variables
             ]
-        self.dense_shapes = [tuple(v.shape) for v in variables]
         # Per variable: whether its gradients arrive as `tf.IndexedSlices`
         # (set when a step is traced, read when the window is applied).
         self.sparse = [False] * len(variables)
@@ -126,12 +135,24 @@ class Window:
 
     def copy_to(self, device: str) -> Window:
         """A new window on `device` holding this window's current sums."""
+        specs = [
+            tf.TensorSpec(shape, total.dtype)
+            for shape, total in zip(self.dense_shapes, self.sums)
+        ]
         with tf.init_scope(), tf.device(device):
-            copy = Window(self.sums)
+            copy = Window(specs)
             for mine, theirs in zip(self.state(), copy.state()):
                 theirs.assign(mine)
         copy.sparse = list(self.sparse)
         return copy
+
+    def _dense_sum(self, j: int) -> tf.Variable:
+        """Variable `j`'s dense sum, given its full shape (of zeros) if empty."""
+        total = self.sums[j]
+        with tf.init_scope():
+            if int(tf.size(total)) == 0 and self.dense_shapes[j]:
+                total.assign(tf.zeros(self.dense_shapes[j], total.dtype))
+        return total
 
     def add(self, gradients, indices, batch_size, static_rows) -> None:
         """Adds ``n_j g_j`` for the gradients of the variables at `indices`.
@@ -156,7 +177,8 @@ class Window:
                 self.indices[j].assign(total.indices)
             else:
                 grad = tf.convert_to_tensor(grad)
-                self.sums[j].assign_add(grad * tf.cast(batch_size, grad.dtype))
+                total = self._dense_sum(j)
+                total.assign_add(grad * tf.cast(batch_size, grad.dtype))
 
     def gradients(self, indices, examples) -> list[Any]:
         """The window's gradients of the variables at `indices`, over `examples`."""
@@ -167,7 +189,8 @@ class Window:
                 shape = tf.constant(self.dense_shapes[j], tf.int32)
                 out.append(tf.IndexedSlices(values, self.indices[j].value(), shape))
             else:
-                out.append(window_gradient(self.sums[j], examples))
+                total = tf.ensure_shape(self.sums[j].value(), self.dense_shapes[j])
+                out.append(window_gradient(total, examples))
         return out
 
     def reset(self) -> None:
@@ -182,9 +205,10 @@ class Window:
 class GradientAccumulator:
     """The window of the model's variables, its counters, and the replicas'.
 
-    Memory: one extra copy of every trainable variable, plus, for a sparse
-    gradient, the rows of the window's micro-batches, plus two scalars; with
-    replicas (`attach`), as much again on each replica tower.
+    Memory: one extra copy of every trainable variable with dense gradients,
+    plus, for a sparse gradient, the rows of the window's micro-batches, plus
+    three scalars; with replicas (`attach`), as much again on each replica
+    tower.
 
     Args:
         variables: The trainable variables of the model.

@@ -320,3 +320,41 @@ def test_a_window_of_sparse_rows_resumes_after_a_stop(tmp_path):
         fit(towered, Stop())
     fit(towered)
     assert_same_weights(plain, towered)
+
+
+@pytest.mark.parametrize(
+    "towers, replicate", [(1, False), (3, False), (3, True)], ids=["1", "3", "3r"]
+)
+def test_sparse_gradients_get_no_dense_copy_of_their_table(towers, replicate):
+    # The window's dense sum of an embedding table would be a full copy of
+    # the table that its sparse gradients never use.
+    rng = np.random.default_rng(5)
+    x = rng.integers(0, 5, size=(18, 6)).astype("int32")
+    y = rng.normal(size=(18, 1)).astype("float32")
+    plain, towered = twin(token_position_model, towers, replicate_variables=replicate)
+    plain.compile(optimizer=keras.optimizers.Adam(0.01), loss="mse")
+    towered.compile(optimizer=keras.optimizers.Adam(0.01), loss="mse")
+    seen = []
+    record = keras.callbacks.LambdaCallback(
+        on_epoch_end=lambda epoch, logs: seen.append(towered._gradient_accumulator)
+    )
+    plain.fit(x, y, batch_size=6, epochs=2, shuffle=False, verbose=0)
+    towered.fit(
+        x,
+        y,
+        batch_size=3,
+        epochs=2,
+        shuffle=False,
+        verbose=0,
+        callbacks=[GradientAccumulation(2), record],
+    )
+    assert_same_weights(plain, towered)
+    accumulator = seen[-1]
+    windows = [accumulator.window, *accumulator.replica_windows]
+    assert len(windows) == (towers if replicate else 1)
+    tables = ["embeddings" in v.path for v in towered.trainable_variables]
+    assert sum(tables) == 2 and not all(tables)
+    for window in windows:
+        rows = [total.numpy().shape[0] for total in window.sums]
+        for table, variable, n in zip(tables, towered.trainable_variables, rows):
+            assert n == (0 if table else variable.shape[0]), variable.path

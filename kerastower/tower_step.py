@@ -27,7 +27,7 @@ import warnings
 import keras
 import tensorflow as tf
 
-from kerastower import _keras_compat, checks, multi_worker, tower_sum
+from kerastower import _keras_compat, checks, layer_updates, multi_worker, tower_sum
 from kerastower.batch_norm import global_moments
 from kerastower.loss_weighting import TowerLoss, TowerLosses, weigh_loss
 from kerastower.sharding import (
@@ -254,9 +254,10 @@ class TowerStep:
                 ]
             return grads, loss, outputs, per_output, masks
 
-        (grads, loss, outputs, per_output, masks), total = self.split_run(
-            tower_fn, combine, data
-        )
+        with layer_updates.once_per_step(self.model, replicas):
+            (grads, loss, outputs, per_output, masks), total = self.split_run(
+                tower_fn, combine, data
+            )
         outputs = with_masks(outputs, masks)
         self.update_loss_metrics(
             per_output, outputs if tf.nest.flatten(outputs) else data

@@ -9,8 +9,9 @@ different model.
 
 The package is that one place: `errors` (the error and the supported
 range), `losses` (loss reduction and masks), `trainer` (model and trainer
-hooks), `callbacks` (callbacks, optimizers, strategies) and `collectives`
-(TensorFlow's multi-worker start-up).
+hooks), `layers` (`SpectralNormalization`'s update), `callbacks`
+(callbacks, optimizers, strategies) and `collectives` (TensorFlow's
+multi-worker start-up).
 """
 
 from kerastower._keras_compat.callbacks import (
@@ -33,6 +34,11 @@ from kerastower._keras_compat.errors import (
     KerasCompatibilityError,
     _attribute,
     _fail,
+)
+from kerastower._keras_compat.layers import (
+    freeze_spectral_update,
+    restore_spectral_update,
+    spectral_update,
 )
 from kerastower._keras_compat.losses import (
     NORMALISED_REDUCTIONS,
@@ -78,6 +84,7 @@ __all__ = [
     "compute_loss",
     "divisor",
     "forward",
+    "freeze_spectral_update",
     "functional_init_arguments",
     "get_keras_mask",
     "graph_of",
@@ -94,9 +101,11 @@ __all__ = [
     "print_msg",
     "register_alias",
     "restore_batch_norm",
+    "restore_spectral_update",
     "runtime_started",
     "set_initial_epoch",
     "set_keras_mask",
+    "spectral_update",
     "strategy_made_after_start",
     "warn_once",
 ]

@@ -1,0 +1,52 @@
+"""Keras layer internals: the training-time update of `SpectralNormalization`."""
+
+from __future__ import annotations
+
+import inspect
+
+import keras
+
+from kerastower._keras_compat.errors import _fail
+
+
+def _check_spectral_normalization(layer) -> None:
+    method = getattr(type(layer), "normalized_weights", None)
+    if not callable(method) or list(inspect.signature(method).parameters) != ["self"]:
+        raise _fail(
+            "SpectralNormalization.normalized_weights()", "is missing or changed"
+        )
+    for name in ("kernel", "vector_u"):
+        if not isinstance(getattr(layer, name, None), keras.Variable):
+            raise _fail(f"SpectralNormalization.{name}", "is missing")
+
+
+def spectral_update(layer) -> tuple:
+    """The ``(vector_u, kernel)`` that one training call of `layer` assigns.
+
+    `keras.layers.SpectralNormalization` runs, at every call with
+    ``training=True``, a power iteration on its kernel and assigns
+    ``vector_u`` and ``kernel / sigma`` before calling the wrapped layer;
+    a kernel of zeros is kept as it is.
+
+    Raises:
+        KerasCompatibilityError: If the layer no longer updates through
+            ``normalized_weights()``, ``kernel`` and ``vector_u``.
+    """
+    _check_spectral_normalization(layer)
+    return keras.ops.cond(
+        keras.ops.all(keras.ops.equal(layer.kernel.value, 0)),
+        lambda: (layer.vector_u.value, layer.kernel.value),
+        lambda: type(layer).normalized_weights(layer),
+    )
+
+
+def freeze_spectral_update(layer) -> None:
+    """Makes `layer`'s training calls assign its current values; undo with
+    `restore_spectral_update`."""
+    _check_spectral_normalization(layer)
+    layer.normalized_weights = lambda: (layer.vector_u.value, layer.kernel.value)
+
+
+def restore_spectral_update(layer) -> None:
+    """Undoes `freeze_spectral_update`."""
+    vars(layer).pop("normalized_weights", None)

@@ -1,24 +1,39 @@
-"""Layer updates that one training step makes once, not once per tower.
+"""Weights that layers assign in the forward pass, updated once per step.
 
-`keras.layers.SpectralNormalization` updates its weights in the forward pass:
-at every training call it runs a power iteration from its ``vector_u`` and
-assigns ``u' = power_iteration(u, W)`` and ``W' = W / sigma(u', W)`` before
-the wrapped layer reads ``W'``. On one device a step does this once, and its
-gradient is taken at ``W'``. Towers that each ran the update would run it
-``N`` times in a row (each tower reading what the previous one assigned), so
-``W`` would be divided ``N`` times and ``u`` iterated ``N`` times.
+Some layers assign their own weights while they train: `BatchNormalization`
+its moving statistics, `SpectralNormalization` its ``vector_u`` and kernel,
+a layer of the user's a counter or a running average. One device makes each
+assignment once per step. Towers tracing one after another would make it
+once per tower, each tower reading what the one before it assigned: a
+counter would advance ``N`` times per step, a spectrally normalised kernel
+be divided ``N`` times.
 
-`once_per_step` runs the update once, before the towers, on the model's
-variables (and copies ``W'`` to every tower's replica with
-``replicate_variables=True``); while the towers run, each such layer assigns
-the values it reads, so every tower reads ``W'`` and ``u'`` and takes its
-gradient at ``W'``, as one device does.
+A training step therefore runs in two parts (`step_state`, `tower_reads`):
+
+1. Before the towers, `SpectralNormalization`'s update runs once: a power
+   iteration ``u' = power_iteration(u, W)`` and ``W' = W / sigma(u', W)``
+   are assigned, and ``W'`` is copied to every tower's replica with
+   ``replicate_variables=True``. While the towers run, such a layer assigns
+   the values it reads, so every tower reads ``W'`` and ``u'`` and takes its
+   gradient at ``W'``, as one device does. Then every non-trainable weight
+   is read: the state before the towers.
+2. Tower 0 runs as one device does and makes its assignments. Every other
+   tower reads that state before the towers (its replicas for the trainable
+   variables, with ``replicate_variables=True``), and its assignments to the
+   model's weights are dropped; its other assignments (metrics updated in
+   ``compute_loss``, the seed generators of random layers) are made. The
+   model's weights end the step with tower 0's assignments: one device's for
+   an update that does not depend on the batch (a counter, spectral
+   normalisation) or that uses statistics of the global batch (synchronised
+   `BatchNormalization`), and tower 0's own for an update from its shard
+   alone (``sync_batch_norm=False``), as stock `MirroredStrategy` keeps its
+   first replica's.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import keras
@@ -37,23 +52,23 @@ def spectral_normalizations(model: keras.Model) -> list:
 
 
 @contextlib.contextmanager
-def once_per_step(model: keras.Model, replicas: Any = None) -> Iterator[None]:
-    """Runs the model's forward-pass weight updates once, then freezes them.
+def step_state(model: keras.Model, replicas: Any = None) -> Iterator[list]:
+    """Runs the once-per-step updates and yields the state before the towers.
 
     Open it around the towers of a training step.
 
     Args:
         model: The `kerastower.TowerModel`.
         replicas: The model's `kerastower.replicas.Replicas`, or ``None``.
+
+    Yields:
+        ``(variable, value)`` for each of the model's non-trainable weights,
+        for `tower_reads`.
     """
     layers = spectral_normalizations(model)
-    if not layers:
-        yield
-        return
     trainable = {id(v): j for j, v in enumerate(model.trainable_weights)}
-    devices = model.tower_devices
     for layer in layers:
-        with tf.device(devices[0]):
+        with tf.device(model.tower_devices[0]):
             vector_u, kernel = _keras_compat.spectral_update(layer)
         layer.vector_u.assign(vector_u)
         layer.kernel.assign(kernel)
@@ -62,10 +77,69 @@ def once_per_step(model: keras.Model, replicas: Any = None) -> Iterator[None]:
             for tower in range(1, len(replicas.devices)):
                 with tf.device(replicas.devices[tower]):
                     replicas.replica_variables(tower)[j].assign(kernel)
+    state = [(v, tf.convert_to_tensor(v.value)) for v in model.non_trainable_weights]
     try:
         for layer in layers:
             _keras_compat.freeze_spectral_update(layer)
-        yield
+        yield state
     finally:
         for layer in layers:
             _keras_compat.restore_spectral_update(layer)
+
+
+@contextlib.contextmanager
+def tower_reads(
+    model: keras.Model,
+    variables: Sequence[keras.Variable],
+    state: Sequence[tuple],
+    replicas: Any = None,
+    tower: int | None = None,
+) -> Iterator[list]:
+    """Makes a tower read the state before the towers while open.
+
+    Open it inside the tower's `tf.GradientTape`, around its forward pass and
+    loss; it yields the variables to differentiate. Tower 0 reads and
+    assigns the model's variables (`variables` itself is yielded). Any other
+    tower reads `state` for the non-trainable weights and, for the trainable
+    ones, its replicas (``replicas.copies(variables, tower)``, yielded) or
+    the model's variables (`variables`, yielded), through a
+    `keras.StatelessScope`; when it closes, the tower's assignments to
+    variables that are not the model's weights are made.
+
+    Args:
+        model: The `kerastower.TowerModel`.
+        variables: The variables the tower differentiates.
+        state: What `step_state` yielded.
+        replicas: The model's `kerastower.replicas.Replicas`, or ``None``.
+        tower: The tower; defaults to the current replica context's (0
+            outside `tf.distribute.Strategy.run`).
+    """
+    if tower is None:
+        context = tf.distribute.get_replica_context()
+        tower = int(tf.get_static_value(context.replica_id_in_sync_group))
+    if tower == 0:
+        yield list(variables)
+        return
+    read = list(variables) if replicas is None else replicas.copies(variables, tower)
+    mapping = list(zip(variables, read))
+    mapped = {id(v) for v in variables}
+    mapping += [(v, v) for v in model.trainable_weights if id(v) not in mapped]
+    mapping += [(v, value) for v, value in state if id(v) not in mapped]
+    mapped.update(id(v) for v, _ in mapping)
+    mapping = [
+        (
+            v,
+            tf.convert_to_tensor(
+                value.value if isinstance(value, keras.Variable) else value
+            ),
+        )
+        for v, value in mapping
+    ]
+    scope = _keras_compat.RecordingScope(mapping)
+    with scope:
+        yield read
+    made = set()
+    for variable in scope.updated:
+        if id(variable) not in mapped and id(variable) not in made:
+            made.add(id(variable))
+            variable.assign(scope.get_current_value(variable))

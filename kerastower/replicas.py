@@ -9,8 +9,9 @@ tower's device and sends its gradients back there, so that device moves about
 
 1. Tower 0 reads the model's own (primary) variables, which live on its
    device; tower ``i >= 1`` reads its replica ``w_i`` of each trainable
-   variable, on its own device (`Replicas.reading`, a `keras.StatelessScope`
-   that maps each primary variable to the replica's value, so the layers run
+   variable, on its own device (`Replicas.copies`, read through
+   `kerastower.layer_updates.tower_reads`, a `keras.StatelessScope` that
+   maps each primary variable to the replica's value, so the layers run
    unchanged and the tape differentiates the replica).
 2. Each tower's weighted gradient ``g_i = (n_i / B) dL_i/dw`` (see
    `kerastower.tower_step`) is all-reduced: the dense gradients of one dtype
@@ -43,9 +44,8 @@ every replica. The replicas and the clones' state are copied from the model
 
 from __future__ import annotations
 
-import contextlib
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import keras
@@ -211,20 +211,11 @@ class Replicas:
                 for primary, copy in zip(primary_state, state):
                     copy.assign(primary.value)
 
-    @contextlib.contextmanager
-    def reading(
-        self, variables: Sequence[keras.Variable], tower: int | None = None
-    ) -> Iterator[list[keras.Variable]]:
-        """Makes the model read tower `tower`'s replicas while open.
-
-        `tower` defaults to the current tower (the replica context's; 0 outside
-        `tf.distribute.Strategy.run`). Open it inside the `tf.GradientTape`,
-        around the forward pass and the loss; it yields the variables to
-        differentiate (`variables` itself on tower 0). Updates that the forward
-        pass makes to other variables (`BatchNormalization`'s moving
-        statistics) are kept on tower 0 only: with synchronised statistics
-        they are one device's; with ``sync_batch_norm=False`` they are tower
-        0's own.
+    def copies(
+        self, variables: Sequence[keras.Variable], tower: int
+    ) -> list[keras.Variable]:
+        """Tower `tower`'s replicas of `variables`, for it to read and
+        differentiate (see `kerastower.layer_updates.tower_reads`).
 
         Raises:
             ValueError: If `variables` are not the replicated variables.
@@ -235,20 +226,7 @@ class Replicas:
                 f"replicated. Received: {len(variables)} variables, "
                 f"{len(self._primaries)} replicated"
             )
-        if tower is None:
-            context = tf.distribute.get_replica_context()
-            tower = int(tf.get_static_value(context.replica_id_in_sync_group))
-        if tower == 0:
-            yield list(variables)
-            return
-        copies = self._copies[tower - 1]
-        mapping = [
-            (p, tf.convert_to_tensor(c.value)) for p, c in zip(variables, copies)
-        ]
-        with keras.StatelessScope(
-            state_mapping=mapping, collect_losses=True, initialize_variables=False
-        ):
-            yield copies
+        return self.replica_variables(tower)
 
     def update(
         self,

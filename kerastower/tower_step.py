@@ -215,10 +215,8 @@ class TowerStep:
 
         def tower_fn(shard, weight, losses):
             with tf.GradientTape() as tape:
-                with (
-                    contextlib.nullcontext(variables)
-                    if replicas is None
-                    else replicas.reading(variables)
+                with layer_updates.tower_reads(
+                    self.model, variables, state, replicas
                 ) as read:
                     loss, outputs = loss_fn(shard)
                     loss, per_output = weigh_loss(loss, weight, losses)
@@ -254,7 +252,7 @@ class TowerStep:
                 ]
             return grads, loss, outputs, per_output, masks
 
-        with layer_updates.once_per_step(self.model, replicas):
+        with layer_updates.step_state(self.model, replicas) as state:
             (grads, loss, outputs, per_output, masks), total = self.split_run(
                 tower_fn, combine, data
             )

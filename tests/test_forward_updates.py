@@ -129,3 +129,90 @@ def test_a_changed_spectral_normalization_hook_is_an_error(monkeypatch):
         _keras_compat.KerasCompatibilityError, match="normalized_weights"
     ):
         fit(model)
+
+
+class Counter(keras.layers.Layer):
+    """Counts its training calls: an update that does not depend on the batch."""
+
+    def build(self, input_shape):
+        self.calls = self.add_weight(
+            shape=(), initializer="zeros", trainable=False, name="calls"
+        )
+
+    def call(self, inputs, training=False):
+        if training:
+            self.calls.assign_add(1.0)
+        return inputs
+
+
+def counter_model():
+    keras.utils.set_random_seed(0)
+    inputs = keras.Input((6, 6, 2))
+    h = Counter()(keras.layers.Flatten()(inputs))
+    return keras.Model(inputs, keras.layers.Dense(1)(h))
+
+
+@pytest.mark.parametrize("towers", [2, 3])
+@pytest.mark.parametrize("replicate", [False, True], ids=["shared", "replicas"])
+@pytest.mark.parametrize("run_eagerly", [False, True], ids=["graph", "eager"])
+def test_a_layer_assigning_in_training_assigns_once_per_step(
+    towers, replicate, run_eagerly
+):
+    # Each tower used to read what the one before it assigned: the counter
+    # advanced once per tower (12 after 6 steps on 2 towers). Stock
+    # MirroredStrategy counts 6.
+    plain, towered = twin(counter_model, towers, replicate_variables=replicate)
+    plain.compile(optimizer="sgd", loss="mse")
+    towered.compile(optimizer="sgd", loss="mse", run_eagerly=run_eagerly)
+    assert_same_history(fit(plain), fit(towered))
+    assert_same_weights(plain, towered)
+    calls = [w for w in towered.weights if w.path.endswith("calls")]
+    assert [float(c.numpy()) for c in calls] == [6.0]  # 3 steps an epoch, 2 epochs
+
+
+def test_unsynchronised_batch_norm_keeps_the_first_towers_statistics():
+    keras.utils.set_random_seed(0)
+    inputs = keras.Input((4,))
+    dense = keras.layers.Dense(3)
+    outputs = keras.layers.BatchNormalization(momentum=0.9)(dense(inputs))
+    model = kerastower.TowerModel(inputs, outputs, towers=3, sync_batch_norm=False)
+    model.compile(optimizer=keras.optimizers.SGD(0.0), loss="mse")
+    x = RNG.normal(size=(9, 4)).astype("float32")
+    model.fit(x, np.zeros((9, 3), "float32"), batch_size=9, shuffle=False, verbose=0)
+    # As stock MirroredStrategy keeps its first replica's: tower 0's shard
+    # (examples 0-2) alone, one update from the initial zeros.
+    shard = x[:3] @ dense.kernel.numpy() + dense.bias.numpy()
+    bn = model.layers[-1]
+    np.testing.assert_allclose(
+        bn.moving_mean.numpy(), 0.1 * shard.mean(axis=0), rtol=1e-5, atol=1e-7
+    )
+    np.testing.assert_allclose(
+        bn.moving_variance.numpy(),
+        0.9 + 0.1 * shard.var(axis=0),
+        rtol=1e-5,
+        atol=1e-7,
+    )
+
+
+def test_random_layers_draw_a_new_seed_on_every_tower_with_replicas():
+    # Every tower advances the seed generator, so towers draw different
+    # dropout masks; towers with replicas once dropped theirs, and towers 1
+    # and 2 drew the same masks.
+    def build():
+        keras.utils.set_random_seed(0)
+        inputs = keras.Input((6, 6, 2))
+        h = keras.layers.Dropout(0.5)(keras.layers.Flatten()(inputs))
+        return keras.Model(inputs, keras.layers.Dense(1)(h))
+
+    states = []
+    for replicate in (False, True):
+        model = kerastower.TowerModel.from_model(
+            build(), towers=3, replicate_variables=replicate
+        )
+        model.compile(optimizer="sgd", loss="mse")
+        model.fit(X[:9], Y[:9], batch_size=9, verbose=0)
+        (state,) = [
+            v.numpy() for v in model.non_trainable_variables if "seed" in v.path
+        ]
+        states.append(state)
+    np.testing.assert_array_equal(states[0], states[1])

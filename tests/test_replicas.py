@@ -14,6 +14,7 @@ from oracle import (
 )
 
 import kerastower
+from kerastower import layer_updates
 from kerastower.replicas import Replicas, pack, unpack
 
 
@@ -277,7 +278,10 @@ def test_towers_read_their_replicas_not_the_model_variables():
     copy = replicas.replica_variables(1)[0]
     copy.assign(copy.numpy() + 1.0)
     kernel = towered.layers[1].kernel
-    with replicas.reading(towered.trainable_weights, tower=1) as read:
+    reads = layer_updates.tower_reads(
+        towered, towered.trainable_weights, [], replicas, tower=1
+    )
+    with reads as read:
         assert read == replicas.replica_variables(1)
         inside = keras.ops.convert_to_numpy(kernel.value)
     np.testing.assert_array_equal(inside, copy.numpy())

@@ -9,7 +9,7 @@ different model.
 
 The package is that one place: `errors` (the error and the supported
 range), `losses` (loss reduction and masks), `trainer` (model and trainer
-hooks), `layers` (`SpectralNormalization`'s update), `callbacks`
+hooks), `layers` (`SpectralNormalization`'s update, `StatelessScope`), `callbacks`
 (callbacks, optimizers, strategies) and `collectives` (TensorFlow's
 multi-worker start-up).
 """
@@ -36,6 +36,7 @@ from kerastower._keras_compat.errors import (
     _fail,
 )
 from kerastower._keras_compat.layers import (
+    RecordingScope,
     freeze_spectral_update,
     restore_spectral_update,
     spectral_update,
@@ -71,6 +72,7 @@ __all__ = [
     "SUPPORTED_KERAS",
     "SUPPORTED_TENSORFLOW",
     "NORMALISED_REDUCTIONS",
+    "RecordingScope",
     "CheckpointHooks",
     "Functional",
     "KerasCompatibilityError",

@@ -1,4 +1,4 @@
-"""Keras layer internals: the training-time update of `SpectralNormalization`."""
+"""Keras layer internals: `SpectralNormalization`'s update, `StatelessScope`'s."""
 
 from __future__ import annotations
 
@@ -50,3 +50,36 @@ def freeze_spectral_update(layer) -> None:
 def restore_spectral_update(layer) -> None:
     """Undoes `freeze_spectral_update`."""
     vars(layer).pop("normalized_weights", None)
+
+
+def _check_stateless_scope() -> None:
+    method = getattr(keras.StatelessScope, "add_update", None)
+    if not callable(method) or list(inspect.signature(method).parameters) != [
+        "self",
+        "update",
+    ]:
+        raise _fail("keras.StatelessScope.add_update(update)", "is missing or changed")
+
+
+class RecordingScope(keras.StatelessScope):
+    """A `keras.StatelessScope` that also lists the variables assigned in it.
+
+    Inside it, a Keras variable in `state_mapping` reads its mapped value, and
+    every assignment is held by the scope instead of made (Keras passes each
+    one to ``add_update((variable, value))``); `updated` lists the variables
+    assigned, in order. Losses added by layers are collected by the scope, as
+    `keras.Layer.stateless_call` does.
+
+    Raises:
+        KerasCompatibilityError: If Keras no longer passes assignments to
+            ``StatelessScope.add_update(update)``.
+    """
+
+    def __init__(self, state_mapping):
+        _check_stateless_scope()
+        super().__init__(state_mapping, collect_losses=True, initialize_variables=False)
+        self.updated: list = []
+
+    def add_update(self, update):
+        self.updated.append(update[0])
+        super().add_update(update)

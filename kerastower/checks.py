@@ -96,3 +96,26 @@ def warn_if_xla_uses_one_device(model: Any) -> None:
             f"train on all {model.num_towers}.",
             stacklevel=2,
         )
+
+
+def warn_if_trainable_assigned(paths: list[str]) -> None:
+    """Warns that the forward pass assigns trainable weights of the model.
+
+    A layer that assigns a trainable weight while it trains, then reads it
+    (as `SpectralNormalization`, which kerastower runs once per step, does),
+    is run by every tower in turn: each tower after the first reads what the
+    first one assigned and applies its assignment again, so the weights it
+    differentiates may not be one device's.
+
+    Args:
+        paths: The paths of the trainable weights a tower assigned.
+    """
+    warnings.warn(
+        "The training forward pass assigns the trainable weights "
+        f"{paths}. Each tower after the first reads the value the first "
+        "tower assigned and assigns again, so training may differ from one "
+        "device's (kerastower runs only `SpectralNormalization`'s update once "
+        "per step). Assign non-trainable weights in `call`, or train with "
+        "`towers=1`.",
+        stacklevel=2,
+    )

@@ -33,13 +33,14 @@ A training step therefore runs in two parts (`step_state`, `tower_reads`):
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import Iterator, Sequence
 from typing import Any
 
 import keras
 import tensorflow as tf
 
-from kerastower import _keras_compat
+from kerastower import _keras_compat, checks
 
 
 def spectral_normalizations(model: keras.Model) -> list:
@@ -51,8 +52,23 @@ def spectral_normalizations(model: keras.Model) -> list:
     ]
 
 
+@dataclasses.dataclass
+class StepState:
+    """What the towers of one training step share.
+
+    Attributes:
+        values: ``(variable, value)`` for each of the model's non-trainable
+            weights, read before the towers ran.
+        assigned: The paths of trainable weights that a tower after the
+            first assigned (a dict used as an ordered set).
+    """
+
+    values: list
+    assigned: dict = dataclasses.field(default_factory=dict)
+
+
 @contextlib.contextmanager
-def step_state(model: keras.Model, replicas: Any = None) -> Iterator[list]:
+def step_state(model: keras.Model, replicas: Any = None) -> Iterator[StepState]:
     """Runs the once-per-step updates and yields the state before the towers.
 
     Open it around the towers of a training step.
@@ -62,8 +78,8 @@ def step_state(model: keras.Model, replicas: Any = None) -> Iterator[list]:
         replicas: The model's `kerastower.replicas.Replicas`, or ``None``.
 
     Yields:
-        ``(variable, value)`` for each of the model's non-trainable weights,
-        for `tower_reads`.
+        The `StepState` for `tower_reads`. On exit, warns if a tower assigned
+        a trainable weight that kerastower does not update once per step.
     """
     layers = spectral_normalizations(model)
     trainable = {id(v): j for j, v in enumerate(model.trainable_weights)}
@@ -77,7 +93,9 @@ def step_state(model: keras.Model, replicas: Any = None) -> Iterator[list]:
             for tower in range(1, len(replicas.devices)):
                 with tf.device(replicas.devices[tower]):
                     replicas.replica_variables(tower)[j].assign(kernel)
-    state = [(v, tf.convert_to_tensor(v.value)) for v in model.non_trainable_weights]
+    state = StepState(
+        [(v, tf.convert_to_tensor(v.value)) for v in model.non_trainable_weights]
+    )
     try:
         for layer in layers:
             _keras_compat.freeze_spectral_update(layer)
@@ -85,13 +103,16 @@ def step_state(model: keras.Model, replicas: Any = None) -> Iterator[list]:
     finally:
         for layer in layers:
             _keras_compat.restore_spectral_update(layer)
+    # Here, not in the towers, whose warnings `split_run` shows only once.
+    if state.assigned:
+        checks.warn_if_trainable_assigned(list(state.assigned))
 
 
 @contextlib.contextmanager
 def tower_reads(
     model: keras.Model,
     variables: Sequence[keras.Variable],
-    state: Sequence[tuple],
+    state: StepState,
     replicas: Any = None,
     tower: int | None = None,
 ) -> Iterator[list]:
@@ -109,7 +130,7 @@ def tower_reads(
     Args:
         model: The `kerastower.TowerModel`.
         variables: The variables the tower differentiates.
-        state: What `step_state` yielded.
+        state: The `StepState` that `step_state` yielded.
         replicas: The model's `kerastower.replicas.Replicas`, or ``None``.
         tower: The tower; defaults to the current replica context's (0
             outside `tf.distribute.Strategy.run`).
@@ -124,7 +145,7 @@ def tower_reads(
     mapping = list(zip(variables, read))
     mapped = {id(v) for v in variables}
     mapping += [(v, v) for v in model.trainable_weights if id(v) not in mapped]
-    mapping += [(v, value) for v, value in state if id(v) not in mapped]
+    mapping += [(v, value) for v, value in state.values if id(v) not in mapped]
     mapped.update(id(v) for v, _ in mapping)
     mapping = [
         (
@@ -138,6 +159,9 @@ def tower_reads(
     scope = _keras_compat.RecordingScope(mapping)
     with scope:
         yield read
+    frozen = {id(layer.kernel) for layer in spectral_normalizations(model)}
+    trainable = {id(v) for v in model.trainable_weights} - frozen
+    state.assigned.update((v.path, None) for v in scope.updated if id(v) in trainable)
     made = set()
     for variable in scope.updated:
         if id(variable) not in mapped and id(variable) not in made:

@@ -6,6 +6,8 @@ training call. Towers that each ran it normalised the kernel once per tower:
 after one step at learning rate 0.
 """
 
+import warnings
+
 import keras
 import numpy as np
 import pytest
@@ -216,3 +218,37 @@ def test_random_layers_draw_a_new_seed_on_every_tower_with_replicas():
         ]
         states.append(state)
     np.testing.assert_array_equal(states[0], states[1])
+
+
+class ClipOwnKernel(keras.layers.Layer):
+    """Clips its trainable kernel in the forward pass: kerastower cannot know
+    that a second assignment on top of the first changes nothing."""
+
+    def build(self, input_shape):
+        self.kernel = self.add_weight(shape=(input_shape[-1], 1), name="kernel")
+
+    def call(self, inputs, training=False):
+        if training:
+            self.kernel.assign(keras.ops.clip(self.kernel, -0.1, 0.1))
+        return keras.ops.matmul(inputs, self.kernel)
+
+
+def assignment_warnings(build, towers):
+    model = kerastower.TowerModel.from_model(build(), towers=towers)
+    model.compile(optimizer="sgd", loss="mse")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        fit(model)
+    return [str(w.message) for w in caught if "assigns the trainable" in str(w.message)]
+
+
+def test_a_layer_assigning_a_trainable_weight_warns():
+    def build():
+        keras.utils.set_random_seed(0)
+        inputs = keras.Input((6, 6, 2))
+        return keras.Model(inputs, ClipOwnKernel()(keras.layers.Flatten()(inputs)))
+
+    (message, *_) = assignment_warnings(build, 2)
+    assert "clip_own_kernel/kernel" in message
+    assert assignment_warnings(build, 1) == []
+    assert assignment_warnings(spectral_model, 3) == []

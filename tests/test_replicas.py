@@ -278,8 +278,9 @@ def test_towers_read_their_replicas_not_the_model_variables():
     copy = replicas.replica_variables(1)[0]
     copy.assign(copy.numpy() + 1.0)
     kernel = towered.layers[1].kernel
+    state = layer_updates.StepState([])
     reads = layer_updates.tower_reads(
-        towered, towered.trainable_weights, [], replicas, tower=1
+        towered, towered.trainable_weights, state, replicas, tower=1
     )
     with reads as read:
         assert read == replicas.replica_variables(1)

@@ -58,6 +58,8 @@ def one_device_model(family, initial):
         plain = keras.Model(*natural.embedding_graph(seed=0))
     elif family == "masked":
         plain = keras.Model(*natural.masked_graph(seed=0))
+    elif family == "spectral":
+        plain = keras.Model(*natural.spectral_graph(seed=0))
     else:
         hidden, out = natural.layers(seed=0)
         inputs = keras.Input((natural.FEATURES,))
@@ -94,6 +96,8 @@ def one_device(workers, family, initial):
         # batch on one tower while the other splits it (both still meet).
         (2, "2,3", "masked"),
         (3, "2,3,1", "masked"),
+        # A weight update in the forward pass, once per step on every worker.
+        (2, "2,3", "spectral"),
     ],
 )
 def test_natural_script_trains_the_one_device_model(tmp_path, workers, towers, family):

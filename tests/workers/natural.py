@@ -7,7 +7,7 @@ tests start it through ``kerastower launch``). The towers are the logical
 CPUs that ``kerastower launch --towers`` asks for.
 
 ``python natural.py OUT FAMILY [K]`` trains the model `FAMILY` ("dense",
-"from_model", "subclassed", "embedding" or "masked") on this worker's
+"from_model", "subclassed", "embedding", "masked" or "spectral") on this worker's
 examples, accumulating `K` micro-batches per update when given, and writes
 the initial weights (chief), the final weights and the history to ``OUT``.
 """
@@ -84,6 +84,16 @@ def masked_graph(seed: int):
     return inputs, keras.layers.Dense(1)(rows)
 
 
+def spectral_graph(seed: int):
+    """A spectrally normalised layer: a weight update in the forward pass."""
+    keras.utils.set_random_seed(seed)
+    inputs = keras.Input((FEATURES,))
+    hidden = keras.layers.SpectralNormalization(
+        keras.layers.Dense(8, activation="tanh")
+    )(inputs)
+    return inputs, keras.layers.Dense(1)(hidden)
+
+
 def family_data(family: str, index: int):
     """Worker ``index``'s examples for `family`.
 
@@ -107,6 +117,8 @@ def build(family: str, seed: int):
         return kerastower.TowerModel(*embedding_graph(seed))
     if family == "masked":
         return kerastower.TowerModel(*masked_graph(seed))
+    if family == "spectral":
+        return kerastower.TowerModel(*spectral_graph(seed))
     if family == "subclassed":
         model = Subclassed(seed)
         model(np.zeros((1, FEATURES), "float32"))

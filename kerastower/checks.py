@@ -119,3 +119,49 @@ def warn_if_trainable_assigned(paths: list[str]) -> None:
         "`towers=1`.",
         stacklevel=2,
     )
+
+
+# The methods of `keras.Model` that decide what a step computes.
+STEP_METHODS = (
+    "call",
+    "train_step",
+    "test_step",
+    "predict_step",
+    "compute_loss",
+    "compute_metrics",
+)
+
+
+def check_no_step_overrides(model: Any, target: type) -> None:
+    """Refuses to wrap a model whose own class changes what a step computes.
+
+    `TowerModel.from_model` reuses only the model's graph of layers: a
+    `train_step`, `compute_loss` or `call` that the model's class defines
+    would be dropped silently, and the model trained another way than on one
+    device.
+
+    Args:
+        model: The `keras.Model` given to `TowerModel.from_model`.
+        target: The class `from_model` builds; the methods its own bases
+            define are kept.
+
+    Raises:
+        ValueError: If a class of `model`, other than Keras's and `target`'s
+            bases, defines one of `STEP_METHODS`.
+    """
+    own = [
+        f"{cls.__name__}.{name}"
+        for cls in type(model).__mro__
+        if not cls.__module__.startswith("keras.") and cls not in target.__mro__
+        for name in STEP_METHODS
+        if name in vars(cls)
+    ]
+    if own:
+        raise ValueError(
+            "`TowerModel.from_model` reuses the layers of `model` but not its "
+            f"class, which defines {', '.join(own)}: training would ignore "
+            "them. Subclass TowerModel instead and build it from the same "
+            "inputs and outputs (`class M(kerastower.TowerModel)`, then "
+            f"`M(inputs, outputs, towers=...)`). Received: model={model.name!r} "
+            f"({type(model).__name__})"
+        )

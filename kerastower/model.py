@@ -388,7 +388,10 @@ class TowerModel(_keras_compat.TrainerHooks, keras.Model):
 
         Raises:
             ValueError: If `model` is a subclassed model (it has no graph of
-                inputs and outputs to reuse) or is not built.
+                inputs and outputs to reuse), is not built, or its class
+                defines a `train_step`, `compute_loss`, `call` or another
+                method of `kerastower.checks.STEP_METHODS` (which the new
+                model would not have).
         """
         if not isinstance(model, keras.Model):
             raise ValueError(
@@ -405,6 +408,7 @@ class TowerModel(_keras_compat.TrainerHooks, keras.Model):
                 "subclassed models should subclass TowerModel instead. "
                 f"Received: model={model.name!r} ({type(model).__name__})"
             )
+        checks.check_no_step_overrides(model, cls)
         kwargs.setdefault("name", model.name)
         return cls(inputs, outputs, towers=towers, **kwargs)
 

@@ -36,6 +36,16 @@ class Subclassed(keras.Model):
         return x
 
 
+class OwnStep(keras.Model):
+    def train_step(self, data):
+        return {}
+
+
+def own_step_model():
+    inputs = keras.Input((5,))
+    return OwnStep(inputs, keras.layers.Dense(1)(inputs))
+
+
 def tf_config(text):
     """Builds a TowerModel (no training) with `TF_CONFIG` set to `text`."""
 
@@ -122,6 +132,13 @@ ERRORS = {
         ValueError,
         r"`model` must be a built functional or Sequential model; subclassed models "
         r"should subclass TowerModel instead",
+    ),
+    "from-model-own-train-step": (
+        lambda mp, tp: kerastower.TowerModel.from_model(own_step_model(), towers=2),
+        ValueError,
+        r"`TowerModel.from_model` reuses the layers of `model` but not its class, "
+        r"which defines OwnStep\.train_step: training would ignore them\. "
+        r"Subclass TowerModel instead",
     ),
     "optimizer-gradient-accumulation-steps": (
         lambda mp, tp: model(

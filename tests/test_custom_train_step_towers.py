@@ -165,6 +165,21 @@ def test_custom_step_with_compiled_loss_and_embeddings_equals_one_device(mask_ze
     assert expected["loss"][-1] < expected["loss"][0]
 
 
+def test_from_model_keeps_the_step_of_its_own_class_and_refuses_to_drop_one():
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*not split across towers")
+        kept = TowerStep.from_model(keras.Model(*token_model(False)), towers=2)
+    assert type(kept).train_step is KerasIoStep.train_step
+    rewrapped = kerastower.TowerModel.from_model(
+        kerastower.TowerModel.from_model(keras.Model(*token_model(False))), towers=2
+    )
+    assert type(rewrapped).train_step is kerastower.TowerModel.train_step
+    # A plain model's own step would be dropped: one device trained it
+    # differently (0.058 off after 2 epochs for a step updating one layer).
+    with pytest.raises(ValueError, match=r"which defines KerasIoStep\.train_step"):
+        kerastower.TowerModel.from_model(PlainStep(*token_model(False)), towers=2)
+
+
 class MeanSquaredStep:
     """A step whose loss is written out, for a model with `call`."""
 

@@ -20,16 +20,13 @@ A step, top to bottom (`TowerStep.train`):
 
 from __future__ import annotations
 
-import contextlib
-import functools
 import warnings
 
 import keras
 import tensorflow as tf
 
 from kerastower import _keras_compat, checks, layer_updates, multi_worker, tower_sum
-from kerastower.batch_norm import global_moments
-from kerastower.loss_weighting import TowerLoss, TowerLosses, weigh_loss
+from kerastower.loss_weighting import weigh_loss
 from kerastower.sharding import (
     concat_nest,
     first_leaf,
@@ -42,16 +39,7 @@ from kerastower.sharding import (
     with_masks,
 )
 from kerastower.splitting import tensor_split_sizes
-
-
-class _IgnoredMetric:
-    """Stands in for Keras's per-output loss metrics inside the towers.
-
-    They are updated once, with the global values, after the towers ran.
-    """
-
-    def update_state(self, value, sample_weight=None):
-        del value, sample_weight
+from kerastower.tower_context import tower_context
 
 
 class TowerStep:
@@ -334,7 +322,7 @@ class TowerStep:
                 warnings.simplefilter("always")
                 # One device's statistics are this tower's, unless workers
                 # add theirs.
-                context = self.tower_context(total, new_sum(), workers > 1)
+                context = tower_context(model, total, new_sum(), workers > 1)
                 with context as losses, tf.device(model.tower_devices[0]):
                     result = combine([tower_fn(data, weight, losses)])
             one_tower_warnings.append(caught)
@@ -378,44 +366,11 @@ class TowerStep:
                 weights[ctx.replica_id_in_sync_group],
             )
         )
-        with self.tower_context(total, sum_fn, sync_batch_norm=True) as losses:
+        with tower_context(self.model, total, sum_fn, True) as losses:
             outputs = strategy.run(
                 lambda args: tower_fn(args[0], args[1], losses), args=(inputs,)
             )
         return local_results(strategy, outputs)
-
-    @contextlib.contextmanager
-    def tower_context(self, global_batch, sum_fn, sync_batch_norm: bool):
-        """Weights compiled losses per tower while the towers trace.
-
-        Keras's compiled losses are wrapped in
-        `kerastower.loss_weighting.TowerLoss`, which records each tower's
-        values for `tower_loss`; Keras's per-output loss metrics ignore
-        updates (`update_loss_metrics` updates them once, with the global
-        values); and, with `sync_batch_norm` (and the model's
-        ``sync_batch_norm``), `BatchNormalization` layers use statistics of
-        all towers. `sum_fn` (a `kerastower.tower_sum.TowerSum`) sums over
-        every tower of every worker. Yields the `TowerLosses` the towers
-        weight their loss by.
-        """
-        patched = []
-        if sync_batch_norm and self.model.sync_batch_norm:
-            for layer in _keras_compat.inner_layers(self.model):
-                if isinstance(layer, keras.layers.BatchNormalization):
-                    moments = functools.partial(global_moments, sum_fn=sum_fn)
-                    _keras_compat.override_batch_norm_moments(layer, moments)
-                    patched.append(layer)
-        records: dict = {}
-        try:
-            with _keras_compat.compiled_losses_replaced(
-                self.model, lambda loss: TowerLoss(loss, records), _IgnoredMetric
-            ) as (loss_weights, has_metrics):
-                yield TowerLosses(
-                    records, loss_weights, global_batch, has_metrics, sum_fn
-                )
-        finally:
-            for layer in patched:
-                _keras_compat.restore_batch_norm(layer)
 
     def tower_loss(self, x, y, y_pred, sample_weight, weight, losses, training):
         """This tower's weighted share of the step's loss and of each output's.

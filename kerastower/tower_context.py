@@ -1,0 +1,74 @@
+"""What the towers of one step trace under: weighted losses, global statistics.
+
+While the towers trace their forward pass and loss:
+
+- each of Keras's compiled losses is wrapped in
+  `kerastower.loss_weighting.TowerLoss`, which records every tower's values,
+  so that the towers weigh their losses to add up to one device's loss;
+- Keras's per-output loss metrics ignore updates: the step updates them once,
+  with the values of the global batch;
+- with synchronised statistics, every `BatchNormalization` layer normalises
+  with the mean and variance of the global batch, summed over the towers
+  (`kerastower.batch_norm.global_moments`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from collections.abc import Iterator
+from typing import Any
+
+import keras
+
+from kerastower import _keras_compat
+from kerastower.batch_norm import global_moments
+from kerastower.loss_weighting import TowerLoss, TowerLosses
+
+
+class _IgnoredMetric:
+    """Stands in for Keras's per-output loss metrics inside the towers.
+
+    They are updated once, with the global values, after the towers ran.
+    """
+
+    def update_state(self, value, sample_weight=None):
+        del value, sample_weight
+
+
+@contextlib.contextmanager
+def tower_context(
+    model: keras.Model, global_batch: Any, sum_fn: Any, sync_batch_norm: bool
+) -> Iterator[TowerLosses]:
+    """Weights compiled losses per tower while the towers trace.
+
+    Args:
+        model: The `kerastower.TowerModel`.
+        global_batch: ``B``, the number of examples of the step's global
+            batch (all workers'), a float32 scalar.
+        sum_fn: A `kerastower.tower_sum.TowerSum`: sums over every tower of
+            every worker.
+        sync_batch_norm: Whether `BatchNormalization` layers use the
+            statistics of all towers (only if the model's ``sync_batch_norm``
+            is set too).
+
+    Yields:
+        The `kerastower.loss_weighting.TowerLosses` the towers weight their
+        loss by.
+    """
+    patched = []
+    if sync_batch_norm and model.sync_batch_norm:
+        for layer in _keras_compat.inner_layers(model):
+            if isinstance(layer, keras.layers.BatchNormalization):
+                moments = functools.partial(global_moments, sum_fn=sum_fn)
+                _keras_compat.override_batch_norm_moments(layer, moments)
+                patched.append(layer)
+    records: dict = {}
+    try:
+        with _keras_compat.compiled_losses_replaced(
+            model, lambda loss: TowerLoss(loss, records), _IgnoredMetric
+        ) as (loss_weights, has_metrics):
+            yield TowerLosses(records, loss_weights, global_batch, has_metrics, sum_fn)
+    finally:
+        for layer in patched:
+            _keras_compat.restore_batch_norm(layer)

@@ -158,8 +158,8 @@ def check_no_step_overrides(model: Any, target: type) -> None:
     ]
     if own:
         raise ValueError(
-            "`TowerModel.from_model` reuses the layers of `model` but not its "
-            f"class, which defines {', '.join(own)}: training would ignore "
+            f"`{target.__name__}.from_model` reuses the layers of `model` but "
+            f"not its class, which defines {', '.join(own)}: training would ignore "
             "them. Subclass TowerModel instead and build it from the same "
             "inputs and outputs (`class M(kerastower.TowerModel)`, then "
             f"`M(inputs, outputs, towers=...)`). Received: model={model.name!r} "

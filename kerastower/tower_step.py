@@ -322,7 +322,9 @@ class TowerStep:
                 warnings.simplefilter("always")
                 # One device's statistics are this tower's, unless workers
                 # add theirs.
-                context = tower_context(model, total, new_sum(), workers > 1)
+                context = tower_context(
+                    model, total, new_sum(), sync_batch_norm=workers > 1
+                )
                 with context as losses, tf.device(model.tower_devices[0]):
                     result = combine([tower_fn(data, weight, losses)])
             one_tower_warnings.append(caught)
@@ -366,7 +368,7 @@ class TowerStep:
                 weights[ctx.replica_id_in_sync_group],
             )
         )
-        with tower_context(self.model, total, sum_fn, True) as losses:
+        with tower_context(self.model, total, sum_fn, sync_batch_norm=True) as losses:
             outputs = strategy.run(
                 lambda args: tower_fn(args[0], args[1], losses), args=(inputs,)
             )

@@ -25,7 +25,7 @@ from tensorboard.backend.event_processing.event_accumulator import (  # noqa: E4
     EventAccumulator,
 )
 
-from kerastower.demo import build_convnet  # noqa: E402
+from kerastower.cli.demo import build_convnet  # noqa: E402
 
 
 def convnet():

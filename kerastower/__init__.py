@@ -1,26 +1,10 @@
 """kerastower: train one Keras model on several devices, exactly."""
 
-# ruff: noqa: E402 - the command line quiets TensorFlow before TensorFlow loads.
-from kerastower.cli import quiet_start
-
-quiet_start()
-
 from importlib.metadata import PackageNotFoundError, version
 
-from kerastower import callbacks, cluster, devices, multi_worker
-from kerastower.cluster import is_chief, is_multi_worker, num_workers, worker_index
-from kerastower.data import batch_for_towers
-from kerastower.devices import available_devices, configure_logical_devices
-from kerastower.model import TowerModel
-from kerastower.multi_worker import worker_strategy
-from kerastower.scaling import global_batch_size
-from kerastower.splitting import split_sizes
-from kerastower.strategy import TowerStrategy
+from kerastower import _startup
 
-# Before any TensorFlow work of the program: logical CPUs asked for by
-# `kerastower launch --towers`, and the cluster named by TF_CONFIG.
-devices.configure_from_environment()
-multi_worker.prepare_workers()
+_startup.prepare_process()
 
 try:
     __version__ = version("kerastower")
@@ -45,3 +29,15 @@ __all__ = [
     "worker_index",
     "worker_strategy",
 ]
+
+# The command line imports what each subcommand needs itself (see `_startup`).
+if not _startup.started_as_command():
+    from kerastower import callbacks, cluster, multi_worker
+    from kerastower.cluster import is_chief, is_multi_worker, num_workers, worker_index
+    from kerastower.data import batch_for_towers
+    from kerastower.devices import available_devices, configure_logical_devices
+    from kerastower.model import TowerModel
+    from kerastower.multi_worker import worker_strategy
+    from kerastower.scaling import global_batch_size
+    from kerastower.step.shards import split_sizes
+    from kerastower.strategy import TowerStrategy

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Sequence
 
 import tensorflow as tf
 
 from kerastower import cluster
+from kerastower.worker_configs import LOGICAL_DEVICES_VARIABLE
 
 
 def configure_logical_devices(n: int, device_type: str = "CPU") -> list[str]:
@@ -78,9 +80,6 @@ def configure_logical_devices(n: int, device_type: str = "CPU") -> list[str]:
     # Listing logical devices would start the runtime, which must stay
     # unstarted for `MultiWorkerMirroredStrategy` to set up its cluster.
     return [f"/device:{device_type}:{i}" for i in range(n)]
-
-
-LOGICAL_DEVICES_VARIABLE = "KERASTOWER_LOGICAL_DEVICES"
 
 
 def configure_from_environment() -> list[str] | None:
@@ -229,3 +228,28 @@ def resolve_towers(towers: int | Sequence[str] | None) -> list[str]:
         "`towers` must be None, an integer >= 1 or a list of device names. "
         f"Received: towers={towers!r}"
     )
+
+
+def saved_towers(towers: int | Sequence[str] | None) -> int | Sequence[str] | None:
+    """The `towers` of a saved `TowerModel`, or ``None`` where unavailable.
+
+    A model saved on a machine with more devices (or other device names)
+    loads on this one over every available device, with a warning.
+
+    Args:
+        towers: The `towers` argument the model was saved with.
+
+    Returns:
+        `towers`, or ``None`` when this machine cannot provide them.
+    """
+    try:
+        resolve_towers(towers)
+    except ValueError as error:
+        warnings.warn(
+            f"The saved model asked for towers={towers!r}, which this "
+            f"machine cannot provide ({error}); using every available "
+            "device instead.",
+            stacklevel=3,
+        )
+        return None
+    return towers

@@ -2,19 +2,21 @@
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import keras
 import tensorflow as tf
 
-from kerastower import _keras_compat, checks, cluster, custom_step, multi_worker
+from kerastower import _keras_compat, cluster, multi_worker
 from kerastower import devices as devices_lib
 from kerastower._keras_compat import Functional, functional_init_arguments
-from kerastower.replicas import Replicas, sync_callbacks
+from kerastower.reduce.accumulation import GradientAccumulator
+from kerastower.reduce.replicas import Replicas, sync_callbacks
+from kerastower.reduce.workers import BroadcastFromChief
+from kerastower.step import checks, custom_step
+from kerastower.step.tower_step import TowerStep
 from kerastower.strategy import TowerStrategy
-from kerastower.tower_step import TowerStep
 
 
 @keras.saving.register_keras_serializable(package="kerastower")
@@ -35,7 +37,7 @@ class TowerModel(_keras_compat.TrainerHooks, keras.Model):
     where ``D_i`` is what Keras divides tower ``i``'s loss by: its examples
     for the default reduction, its valid elements for a masked or
     ``ignore_class`` loss, its sample weights for ``"mean_with_sample_weight"``
-    (see `kerastower.loss_weighting`). Regularization losses are counted once.
+    (see `kerastower.step.loss_weighting`). Regularization losses are counted once.
     The towers' gradients are summed (sparse ones stay sparse) and the
     model's own optimizer applies them once, so clipping, weight decay and
     optimizer state see exactly the single-device gradient. Metrics and the
@@ -47,7 +49,7 @@ class TowerModel(_keras_compat.TrainerHooks, keras.Model):
 
     `BatchNormalization` layers are synchronised across towers during training
     (two-pass mean and variance of the global batch, masks included; see
-    `kerastower.batch_norm`), so they match one device. Pass
+    `kerastower.step.batch_norm`), so they match one device. Pass
     ``sync_batch_norm=False`` to keep each layer's own ``synchronized``
     setting (per-tower statistics, as stock `MirroredStrategy`).
 
@@ -94,7 +96,7 @@ class TowerModel(_keras_compat.TrainerHooks, keras.Model):
         replicate_variables: Whether each tower trains on its own replica of
             the trainable variables, kept equal to the model's by applying
             the same ring all-reduced gradient with a clone of the optimizer
-            on every tower (see `kerastower.replicas`): no device then moves
+            on every tower (see `kerastower.reduce.replicas`): no device then moves
             much more than a ring all-reduce, ``2 (N-1)/N`` times the
             gradient bytes per step, instead of about ``N`` times that on the
             first tower. The model's variables stay ordinary variables.
@@ -128,12 +130,7 @@ class TowerModel(_keras_compat.TrainerHooks, keras.Model):
         self._tower_devices = devices_lib.resolve_towers(towers)
         self._towers_arg = list(towers) if isinstance(towers, (list, tuple)) else towers
         self.sync_batch_norm = bool(sync_batch_norm)
-        if strategy is not None and not isinstance(strategy, tf.distribute.Strategy):
-            raise ValueError(
-                "`strategy` must be a tf.distribute.Strategy (such as "
-                "MultiWorkerMirroredStrategy) or None. "
-                f"Received: strategy={strategy!r}"
-            )
+        checks.check_strategy(strategy)
         if strategy is None and cluster.is_multi_worker():
             strategy = multi_worker.worker_strategy()
         self._worker_strategy = strategy
@@ -154,11 +151,10 @@ class TowerModel(_keras_compat.TrainerHooks, keras.Model):
         else:
             super().__init__(*args, **kwargs)
         self._tower_strategy = None
-        self._tower_step = TowerStep(self)
-        self._gradient_accumulator = None
-        self._replicas = None
+        replicas = None
         if self.replicate_variables and self.num_towers > 1:
-            self._replicas = Replicas(self._tower_devices)
+            replicas = Replicas(self._tower_devices)
+        self._tower_step = TowerStep(self, replicas)
         custom_step.warn_if_not_split(type(self), TowerModel.train_step)
 
     @property
@@ -176,7 +172,33 @@ class TowerModel(_keras_compat.TrainerHooks, keras.Model):
         """The number of workers (machines) training together; 1 by default."""
         if self._worker_strategy is None:
             return 1
-        return multi_worker.num_workers_of(self._worker_strategy)
+        return _keras_compat.strategy_num_workers(self._worker_strategy)
+
+    @property
+    def worker_strategy(self) -> tf.distribute.Strategy | None:
+        """The strategy of the workers training together, or ``None`` for one.
+
+        The `strategy` argument, or `kerastower.worker_strategy()` when
+        `TF_CONFIG` names several workers; its collectives sum the workers'
+        batches, gradients and metrics.
+        """
+        return self._worker_strategy
+
+    @property
+    def gradient_accumulator(self) -> GradientAccumulator | None:
+        """The window of gradients training steps add to, instead of applying.
+
+        ``None`` (the default) applies every step's gradients.
+        `kerastower.callbacks.GradientAccumulation` sets it for the length of
+        a `fit`; setting it makes the training function anew, so the next
+        step traces with it.
+        """
+        return self._tower_step.accumulator
+
+    @gradient_accumulator.setter
+    def gradient_accumulator(self, accumulator: GradientAccumulator | None) -> None:
+        self._tower_step.accumulator = accumulator
+        self.make_train_function(force=True)
 
     @property
     def tower_strategy(self) -> TowerStrategy:
@@ -201,7 +223,7 @@ class TowerModel(_keras_compat.TrainerHooks, keras.Model):
         checks.check_optimizer(self.optimizer)
         if (
             self.num_towers == 1
-            and self._gradient_accumulator is None
+            and self.gradient_accumulator is None
             and self.num_workers == 1
         ):
             with tf.device(self._tower_devices[0]):
@@ -280,7 +302,7 @@ class TowerModel(_keras_compat.TrainerHooks, keras.Model):
                 or replica function, such as inside `loss_fn`.
         """
         return custom_step.tower_gradients(
-            self, loss_fn, variables, tensors, has_aux=has_aux
+            self._tower_step, loss_fn, variables, tensors, has_aux=has_aux
         )
 
     def test_step(self, data):
@@ -301,10 +323,11 @@ class TowerModel(_keras_compat.TrainerHooks, keras.Model):
         # chief's broadcast first, then the replicas' copy of it.
         ours = []
         if self.num_workers > 1:
-            ours.append(multi_worker.BroadcastFromChief())
-        if self._replicas is not None:
+            ours.append(BroadcastFromChief())
+        replicas = self._tower_step.replicas
+        if replicas is not None:
             ours += sync_callbacks(
-                self._replicas, type(self).train_step is TowerModel.train_step
+                replicas, type(self).train_step is TowerModel.train_step
             )
         if ours:
             kwargs["callbacks"] = list(kwargs.pop("callbacks", None) or []) + ours
@@ -314,20 +337,19 @@ class TowerModel(_keras_compat.TrainerHooks, keras.Model):
             # Keras skips `on_train_end` when `fit` stops with an error: undo
             # `GradientAccumulation`'s step, or the next `fit` would
             # accumulate into a window nothing applies.
-            if self._gradient_accumulator is not None:
-                self._gradient_accumulator = None
-                self.make_train_function(force=True)
+            if self.gradient_accumulator is not None:
+                self.gradient_accumulator = None
             raise
 
     def set_weights(self, weights) -> None:
         super().set_weights(weights)
-        if self._replicas is not None:
-            self._replicas.sync()
+        if self._tower_step.replicas is not None:
+            self._tower_step.replicas.sync()
 
     def load_weights(self, *args: Any, **kwargs: Any):
         result = super().load_weights(*args, **kwargs)
-        if self._replicas is not None:
-            self._replicas.sync()
+        if self._tower_step.replicas is not None:
+            self._tower_step.replicas.sync()
         return result
 
     def get_config(self) -> dict[str, Any]:
@@ -340,17 +362,7 @@ class TowerModel(_keras_compat.TrainerHooks, keras.Model):
     @classmethod
     def from_config(cls, config, custom_objects=None):
         config = dict(config)
-        towers = config.get("towers")
-        try:
-            devices_lib.resolve_towers(towers)
-        except ValueError as error:
-            warnings.warn(
-                f"The saved model asked for towers={towers!r}, which this "
-                f"machine cannot provide ({error}); using every available "
-                "device instead.",
-                stacklevel=2,
-            )
-            config["towers"] = None
+        config["towers"] = devices_lib.saved_towers(config.get("towers"))
         return super().from_config(config, custom_objects=custom_objects)
 
     @classmethod
@@ -390,25 +402,10 @@ class TowerModel(_keras_compat.TrainerHooks, keras.Model):
             ValueError: If `model` is a subclassed model (it has no graph of
                 inputs and outputs to reuse), is not built, or its class
                 defines a `train_step`, `compute_loss`, `call` or another
-                method of `kerastower.checks.STEP_METHODS` (which the new
+                method of `kerastower.step.checks.STEP_METHODS` (which the new
                 model would not have).
         """
-        if not isinstance(model, keras.Model):
-            raise ValueError(
-                f"`model` must be a keras.Model. Received: model={type(model).__name__}"
-            )
-        graph = _keras_compat.graph_of(model)
-        try:
-            inputs, outputs = graph.input, graph.output
-        except (AttributeError, ValueError):
-            inputs = outputs = None
-        if inputs is None or outputs is None:
-            raise ValueError(
-                "`model` must be a built functional or Sequential model; "
-                "subclassed models should subclass TowerModel instead. "
-                f"Received: model={model.name!r} ({type(model).__name__})"
-            )
-        checks.check_no_step_overrides(model, cls)
+        inputs, outputs = checks.graph_to_wrap(model, cls)
         kwargs.setdefault("name", model.name)
         return cls(inputs, outputs, towers=towers, **kwargs)
 
@@ -418,33 +415,6 @@ class FunctionalTowerModel(TowerModel, Functional):
     """The class of ``TowerModel(inputs, outputs)``: a functional `TowerModel`."""
 
 
-_FUNCTIONAL_CLASSES: dict[type, type] = {TowerModel: FunctionalTowerModel}
-
-
 def _functional_class(cls: type, args) -> type:
-    """The functional variant of a `TowerModel` subclass built from a graph.
-
-    ``M(inputs, outputs)`` for ``class M(TowerModel)`` (the keras.io pattern
-    for overriding `compute_loss` or `train_step`) is an instance of a class
-    deriving from both ``M`` and `FunctionalTowerModel`, made once per ``M``;
-    no class's bases are ever changed. It saves and loads under ``M``'s name.
-    """
-    if cls not in _FUNCTIONAL_CLASSES:
-        defines_call = any(
-            "call" in vars(base)
-            for base in cls.__mro__[: cls.__mro__.index(TowerModel)]
-        )
-        if defines_call:
-            raise ValueError(
-                f"{cls.__name__} subclasses TowerModel and defines `call`; "
-                "it cannot also be built from `inputs` and `outputs`. Build it "
-                f"without them, or drop `call`. Received: args={args!r}"
-            )
-        variant = type(
-            cls.__name__,
-            (cls, FunctionalTowerModel),
-            {"__module__": cls.__module__, "__qualname__": cls.__qualname__},
-        )
-        _keras_compat.register_alias(variant, cls)
-        _FUNCTIONAL_CLASSES[cls] = variant
-    return _FUNCTIONAL_CLASSES[cls]
+    """The functional variant of `cls`, built from ``inputs, outputs`` `args`."""
+    return _keras_compat.functional_variant(cls, FunctionalTowerModel, TowerModel, args)

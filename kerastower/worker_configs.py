@@ -11,6 +11,9 @@ from collections.abc import Sequence
 from typing import Any
 
 LOOPBACK = "127.0.0.1"
+# How many logical CPUs a worker makes on a machine without a GPU
+# (`kerastower.devices.configure_from_environment`).
+LOGICAL_DEVICES_VARIABLE = "KERASTOWER_LOGICAL_DEVICES"
 
 
 def check_count(name: str, value: Any) -> int:

@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from kerastower import cli
-from kerastower.demo import DemoResult, format_report
+from kerastower import _startup
+from kerastower.cli import command as cli
+from kerastower.cli.demo import DemoResult, format_report
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -140,7 +141,7 @@ def test_version_names_kerastower_tensorflow_and_keras(capsys):
 def test_only_the_command_line_is_quieted(monkeypatch, argv0, orig_argv, expected):
     monkeypatch.setattr(sys, "argv", [argv0])
     monkeypatch.setattr(sys, "orig_argv", orig_argv, raising=False)
-    assert cli.started_as_command() is expected
+    assert _startup.started_as_command() is expected
 
 
 def test_verbose_is_accepted_before_and_after_the_command():

@@ -17,7 +17,7 @@ import tensorflow as tf
 from oracle import assert_close, regression_data
 
 import kerastower
-import kerastower.tower_step
+import kerastower.step.tower_step
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 sys.path.insert(0, str(EXAMPLES))
@@ -75,7 +75,7 @@ def test_one_tower_is_the_tape_on_one_device(monkeypatch):
     def no_towers(*args, **kwargs):
         raise AssertionError("one tower must not run the tower strategy")
 
-    monkeypatch.setattr(kerastower.tower_step.TowerStep, "split_run", no_towers)
+    monkeypatch.setattr(kerastower.step.tower_step.TowerStep, "split_run", no_towers)
     gan, logs = dcgan.train(dcgan.TowerGAN, IMAGES, epochs=2, towers=1)
     assert gan.num_towers == 1
     assert logs == expected_logs  # the same operations: bit for bit

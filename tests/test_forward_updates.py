@@ -64,7 +64,7 @@ def test_spectral_normalization_with_replicas():
     assert_same_history(fit(plain), fit(towered))
     assert_same_weights(plain, towered)
     # Every replica holds the normalised kernels the primary holds.
-    replicas = towered._replicas
+    replicas = towered._tower_step.replicas
     for tower in (1, 2):
         for primary, copy in zip(
             towered.trainable_weights, replicas.replica_variables(tower)

@@ -14,8 +14,8 @@ from oracle import (
 )
 
 import kerastower
-from kerastower.accumulation import steps_for_epoch, validate_steps
 from kerastower.callbacks import GradientAccumulation
+from kerastower.reduce.accumulation import steps_for_epoch, validate_steps
 
 OPTIMIZERS = {
     "sgd": lambda: keras.optimizers.SGD(0.1),
@@ -336,7 +336,7 @@ def test_sparse_gradients_get_no_dense_copy_of_their_table(towers, replicate):
     towered.compile(optimizer=keras.optimizers.Adam(0.01), loss="mse")
     seen = []
     record = keras.callbacks.LambdaCallback(
-        on_epoch_end=lambda epoch, logs: seen.append(towered._gradient_accumulator)
+        on_epoch_end=lambda epoch, logs: seen.append(towered.gradient_accumulator)
     )
     plain.fit(x, y, batch_size=6, epochs=2, shuffle=False, verbose=0)
     towered.fit(

@@ -17,7 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from kerastower import cli, launch
+from kerastower import launch
+from kerastower.cli import command as cli
+from kerastower.cli import launch_command
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -202,7 +204,10 @@ def test_bad_towers_are_refused(towers, num_workers, message):
     ],
 )
 def test_the_script_and_its_arguments_are_split_off_untouched(argv, launcher, script):
-    assert launch.split_argv(argv) == (argv if launcher is None else launcher, script)
+    assert launch_command.split_argv(argv) == (
+        argv if launcher is None else launcher,
+        script,
+    )
 
 
 def test_launch_refuses_bad_arguments_before_starting_anything(tmp_path):

@@ -13,7 +13,7 @@ import pytest
 import tensorflow as tf
 
 from kerastower import _keras_compat
-from kerastower.loss_weighting import BATCH_MEAN, SUM, weigh_compiled_losses
+from kerastower.step.loss_weighting import BATCH_MEAN, SUM, weigh_compiled_losses
 
 Y_TRUE = tf.constant([[0], [2], [1]])
 Y_PRED = tf.constant(np.random.default_rng(0).normal(size=(3, 3)), tf.float32)

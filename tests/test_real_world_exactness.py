@@ -23,7 +23,7 @@ from oracle import (
 
 import kerastower
 from kerastower import _keras_compat
-from kerastower.sharding import sum_gradients
+from kerastower.reduce.gradients import sum_gradients
 
 RNG = np.random.default_rng(0)
 

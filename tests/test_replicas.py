@@ -14,8 +14,8 @@ from oracle import (
 )
 
 import kerastower
-from kerastower import layer_updates
-from kerastower.replicas import Replicas, pack, unpack
+from kerastower.reduce.replicas import Replicas, pack, unpack
+from kerastower.step import layer_updates
 
 
 def compile_both(plain, towered, optimizer, loss="mse", metrics=("mae",)):
@@ -45,7 +45,7 @@ def assert_trains_as_one_device(plain, towered, x, y, **kwargs):
 
 def assert_replicas_in_sync(model):
     """Every tower's replica equals the model's variable bit for bit."""
-    replicas = model._replicas
+    replicas = model._tower_step.replicas
     assert replicas is not None and replicas.built
     primaries = replicas.replica_variables(0)
     for tower in range(1, model.num_towers):
@@ -219,11 +219,13 @@ def test_learning_rate_changed_by_a_callback_reaches_every_tower(callback):
 
 def test_default_is_unchanged_and_the_argument_round_trips(tmp_path):
     x, y = regression_data(n=12)
-    assert kerastower.TowerModel.from_model(mlp(), towers=2)._replicas is None
+    assert (
+        kerastower.TowerModel.from_model(mlp(), towers=2)._tower_step.replicas is None
+    )
     assert (
         kerastower.TowerModel.from_model(
             mlp(), towers=1, replicate_variables=True
-        )._replicas
+        )._tower_step.replicas
         is None
     )
     _, towered = twin(mlp, 2, replicate_variables=True)
@@ -274,7 +276,7 @@ def test_towers_read_their_replicas_not_the_model_variables():
     plain, towered = twin(mlp, 2, replicate_variables=True)
     compile_both(plain, towered, keras.optimizers.SGD(0.1))
     fit_pair(plain, towered, x, y, batch_size=8, epochs=1)
-    replicas = towered._replicas
+    replicas = towered._tower_step.replicas
     copy = replicas.replica_variables(1)[0]
     copy.assign(copy.numpy() + 1.0)
     kernel = towered.layers[1].kernel
@@ -383,7 +385,7 @@ def test_a_train_step_of_ones_own_warns_and_trains_without_replicas():
     with pytest.warns(UserWarning, match="has no effect on a model with its own"):
         fit_pair(plain, towered, x, y, batch_size=5, epochs=2)
     assert_same_weights(plain, towered)
-    assert not towered._replicas.built
+    assert not towered._tower_step.replicas.built
 
 
 def test_gradient_accumulation_schedule_with_sparse_gradients_and_adam():

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from kerastower.splitting import (
+from kerastower.step.shards import (
     loss_weights,
     split_offsets,
     split_sizes,

@@ -18,9 +18,9 @@ from kerastower._keras_compat.callbacks import (
     CheckpointHooks,
     is_remote_path,
     learning_rate_slot,
-    num_workers_of,
     print_msg,
     set_initial_epoch,
+    strategy_num_workers,
 )
 from kerastower._keras_compat.collectives import (
     check_prepared,
@@ -57,6 +57,7 @@ from kerastower._keras_compat.trainer import (
     compute_loss,
     forward,
     functional_init_arguments,
+    functional_variant,
     graph_of,
     init_functional,
     inner_layers,
@@ -66,6 +67,7 @@ from kerastower._keras_compat.trainer import (
     register_alias,
     restore_batch_norm,
     warn_once,
+    warnings_shown_at_build,
 )
 
 __all__ = [
@@ -88,6 +90,7 @@ __all__ = [
     "forward",
     "freeze_spectral_update",
     "functional_init_arguments",
+    "functional_variant",
     "get_keras_mask",
     "graph_of",
     "init_functional",
@@ -96,7 +99,7 @@ __all__ = [
     "learning_rate_slot",
     "loss_divisor",
     "loss_tracker",
-    "num_workers_of",
+    "strategy_num_workers",
     "override_batch_norm_moments",
     "per_output_loss_metrics",
     "prepare_collective_ops",
@@ -110,4 +113,5 @@ __all__ = [
     "spectral_update",
     "strategy_made_after_start",
     "warn_once",
+    "warnings_shown_at_build",
 ]

@@ -76,7 +76,7 @@ def _check_checkpoint_hooks() -> None:
 _check_checkpoint_hooks()
 
 
-def num_workers_of(strategy: tf.distribute.Strategy) -> int:
+def strategy_num_workers(strategy: tf.distribute.Strategy) -> int:
     """How many workers `strategy` spans (1 for one-machine strategies)."""
     if not isinstance(strategy, tf.distribute.experimental.MultiWorkerMirroredStrategy):
         return 1

@@ -48,7 +48,7 @@ def divisor(reduction, values, sample_weight=None, mask=None) -> tf.Tensor:
       weights (the number of elements when there are none).
 
     ``D`` adds up over the shards of a batch, which is what makes towers
-    exact (see `kerastower.loss_weighting`).
+    exact (see `kerastower.step.loss_weighting`).
 
     Args:
         reduction: One of `NORMALISED_REDUCTIONS`.

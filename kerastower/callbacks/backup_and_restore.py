@@ -12,7 +12,7 @@ from collections.abc import Sequence
 import keras
 import numpy as np
 
-from kerastower import _keras_compat, cluster, multi_worker
+from kerastower import _keras_compat, cluster
 from kerastower.callbacks.checkpoint_files import (
     TEMP_PREFIX,
     fsync,
@@ -20,6 +20,7 @@ from kerastower.callbacks.checkpoint_files import (
     remove_quietly,
     write_atomically,
 )
+from kerastower.reduce import workers
 
 POINTER = "latest.json"
 """The file naming the latest complete backup; it is replaced atomically."""
@@ -190,7 +191,7 @@ class BackupAndRestore(keras.callbacks.Callback):
         return [v for m in self.model.metrics for v in m.variables]
 
     def _window_variables(self):
-        accumulator = getattr(self.model, "_gradient_accumulator", None)
+        accumulator = getattr(self.model, "gradient_accumulator", None)
         if accumulator is None:
             return []
         return accumulator.state()
@@ -357,7 +358,7 @@ class BackupAndRestore(keras.callbacks.Callback):
                 return False
             self._unchecked_steps = 0
             flag = np.float32(1.0 if local else 0.0)
-            total = multi_worker.all_reduce_sum(model._worker_strategy, flag)
+            total = workers.all_reduce_sum(model.worker_strategy, flag)
             return float(total) > 0
         return local
 

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 import keras
 import tensorflow as tf
 
-from kerastower.accumulation import (
+from kerastower.reduce.accumulation import (
     GradientAccumulator,
     steps_for_epoch,
     validate_steps,
@@ -94,10 +94,8 @@ class GradientAccumulation(keras.callbacks.Callback):
         self._steps_per_epoch = None
 
     def on_train_begin(self, logs=None):
-        from kerastower.model import TowerModel
-
         model = self.model
-        if not isinstance(model, TowerModel):
+        if not hasattr(model, "gradient_accumulator"):
             raise ValueError(
                 "GradientAccumulation needs a kerastower.TowerModel. "
                 f"Received: model of type {type(model).__name__}"
@@ -107,8 +105,7 @@ class GradientAccumulation(keras.callbacks.Callback):
         self._accumulator = GradientAccumulator(
             model.trainable_variables, steps_for_epoch(self.schedule, 0)
         )
-        model._gradient_accumulator = self._accumulator
-        model.make_train_function(force=True)
+        model.gradient_accumulator = self._accumulator
         optimizer = model.optimizer
         self._apply_fn = tf.function(lambda: self._accumulator.apply_pending(optimizer))
         self._steps_per_epoch = self.params.get("steps") if self.params else None
@@ -142,8 +139,7 @@ class GradientAccumulation(keras.callbacks.Callback):
 
     def on_train_end(self, logs=None):
         self._apply_pending()
-        self.model._gradient_accumulator = None
-        self.model.make_train_function(force=True)
+        self.model.gradient_accumulator = None
         self._accumulator = None
 
     def _apply_pending(self):

@@ -13,7 +13,7 @@ import tensorflow as tf
 from keras import ops
 
 from kerastower import cluster
-from kerastower.splitting import split_sizes
+from kerastower.step.shards import split_sizes
 
 
 def execution_batch_sizes(

@@ -43,7 +43,7 @@ from keras.src import models as keras_models  # noqa: E402
 
 import kerastower  # noqa: E402
 from kerastower import TowerModel  # noqa: E402
-from kerastower.tower_step import TowerStep  # noqa: E402
+from kerastower.step.tower_step import TowerStep  # noqa: E402
 
 NUM_TOWERS = 4
 kerastower.configure_logical_devices(NUM_TOWERS)
@@ -114,7 +114,7 @@ class _Counters:
         original_run_towers = getattr(TowerStep, "run_towers", None)
         if original_run_towers is None:
             raise RuntimeError(
-                "kerastower.tower_step.TowerStep.run_towers, through which the "
+                "kerastower.step.tower_step.TowerStep.run_towers, through which the "
                 "Keras suite counts tower steps, is gone: update plugin.py."
             )
         counters = self

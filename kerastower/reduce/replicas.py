@@ -10,18 +10,18 @@ tower's device and sends its gradients back there, so that device moves about
 1. Tower 0 reads the model's own (primary) variables, which live on its
    device; tower ``i >= 1`` reads its replica ``w_i`` of each trainable
    variable, on its own device (`Replicas.copies`, read through
-   `kerastower.layer_updates.tower_reads`, a `keras.StatelessScope` that
+   `kerastower.step.layer_updates.tower_reads`, a `keras.StatelessScope` that
    maps each primary variable to the replica's value, so the layers run
    unchanged and the tape differentiates the replica).
 2. Each tower's weighted gradient ``g_i = (n_i / B) dL_i/dw`` (see
-   `kerastower.tower_step`) is all-reduced: the dense gradients of one dtype
+   `kerastower.step.tower_step`) is all-reduced: the dense gradients of one dtype
    are packed into one buffer per tower and summed with one
    ``CollectiveReduceV2`` (ring on CPUs, NCCL on GPUs with
    ``communication_hint="auto"``), so every tower receives the same
    ``g = sum_i g_i``: the ring's all-gather copies each reduced chunk, so the
    towers' sums are bitwise identical. Sparse gradients (`tf.IndexedSlices`)
    are summed on tower 0 exactly as without replicas
-   (`kerastower.sharding.sum_gradients`) and that one sum is sent to every
+   (`kerastower.reduce.gradients.sum_gradients`) and that one sum is sent to every
    tower.
 3. Tower 0's sum goes to the model's optimizer as without replicas; tower
    ``i >= 1`` applies its (identical) sum to its replica with its own clone
@@ -36,7 +36,7 @@ tower's device and sends its gradients back there, so that device moves about
    model's window is applied (`GradientAccumulator.attach`).
 
 A batch smaller than the number of towers runs whole on tower 0 (see
-`kerastower.tower_step.TowerStep.split_run`); its gradient is then sent to
+`kerastower.step.tower_step.TowerStep.split_run`); its gradient is then sent to
 every replica. The replicas and the clones' state are copied from the model
 (`Replicas.sync`) when they are made, at the start of each `fit`, and after
 `set_weights` and `load_weights`.
@@ -51,28 +51,8 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from kerastower.sharding import sum_gradients
-
-# TensorFlow's strategies number their collective groups up from 1, and
-# `kerastower.tower_sum` uses 0x6B740001; one group per set of tower devices.
-_GROUP_KEY_BASE = 0x6B741000
-_group_keys: dict[tuple[str, ...], int] = {}
-_next_instance_key = 1 << 24
-
-
-def group_key(devices: Sequence[str]) -> int:
-    """The collective group key of the towers on `devices` (one per set)."""
-    key = tuple(devices)
-    if key not in _group_keys:
-        _group_keys[key] = _GROUP_KEY_BASE + len(_group_keys)
-    return _group_keys[key]
-
-
-def new_instance_key() -> int:
-    """A collective instance key no replica all-reduce has used yet."""
-    global _next_instance_key
-    _next_instance_key += 1
-    return _next_instance_key
+from kerastower.reduce import keys
+from kerastower.reduce.gradients import sum_gradients
 
 
 def pack(tensors: Sequence[tf.Tensor]) -> tf.Tensor:
@@ -215,7 +195,7 @@ class Replicas:
         self, variables: Sequence[keras.Variable], tower: int
     ) -> list[keras.Variable]:
         """Tower `tower`'s replicas of `variables`, for it to read and
-        differentiate (see `kerastower.layer_updates.tower_reads`).
+        differentiate (see `kerastower.step.layer_updates.tower_reads`).
 
         Raises:
             ValueError: If `variables` are not the replicated variables.
@@ -243,9 +223,9 @@ class Replicas:
                 (of the replicated list), tower 0 first; one list when the
                 batch ran whole on tower 0.
             indices: Which replicated variables the gradients belong to.
-            static_rows: Per gradient, `kerastower.sharding.sum_gradients`'s
+            static_rows: Per gradient, `kerastower.reduce.gradients.sum_gradients`'s
                 ``static_rows`` for sparse ones (``None``: from the shapes).
-            accumulator: A `kerastower.accumulation.GradientAccumulator`
+            accumulator: A `kerastower.reduce.accumulation.GradientAccumulator`
                 attached to these replicas: each tower ``i >= 1`` then adds
                 its sum to its own window (of `batch_size` examples) instead
                 of applying it; the accumulator applies the windows.
@@ -299,7 +279,7 @@ class Replicas:
         """Sums the towers' gradients; every tower gets the sum on its device.
 
         Dense gradients of one dtype go in one packed ring all-reduce; sparse
-        ones are summed on tower 0 by `kerastower.sharding.sum_gradients`.
+        ones are summed on tower 0 by `kerastower.reduce.gradients.sum_gradients`.
         """
         count = len(per_tower[0])
         static_rows = static_rows or [None] * count
@@ -330,8 +310,8 @@ class Replicas:
 
     def _ring_sum(self, flats: Sequence[tf.Tensor]) -> list[tf.Tensor]:
         """One ``CollectiveReduceV2`` per tower, summing `flats` over towers."""
-        key = new_instance_key()
-        group = group_key(self.devices)
+        key = keys.reserve()
+        group = keys.group_key(self.devices)
 
         def launch(flats):
             summed = []

@@ -10,6 +10,7 @@ from __future__ import annotations
 import warnings
 from typing import Any
 
+import keras
 import tensorflow as tf
 
 from kerastower import _keras_compat
@@ -165,3 +166,45 @@ def check_no_step_overrides(model: Any, target: type) -> None:
             f"`M(inputs, outputs, towers=...)`). Received: model={model.name!r} "
             f"({type(model).__name__})"
         )
+
+
+def check_strategy(strategy: Any) -> None:
+    """Checks `TowerModel`'s `strategy` argument.
+
+    Raises:
+        ValueError: If `strategy` is neither ``None`` nor a
+            `tf.distribute.Strategy`.
+    """
+    if strategy is not None and not isinstance(strategy, tf.distribute.Strategy):
+        raise ValueError(
+            "`strategy` must be a tf.distribute.Strategy (such as "
+            "MultiWorkerMirroredStrategy) or None. "
+            f"Received: strategy={strategy!r}"
+        )
+
+
+def graph_to_wrap(model: Any, cls: type) -> tuple[Any, Any]:
+    """The inputs and outputs of `model`, for ``cls.from_model(model)``.
+
+    Raises:
+        ValueError: If `model` is not a built functional or `Sequential`
+            `keras.Model`, or its class defines a method of `STEP_METHODS`
+            that `cls` would drop (`check_no_step_overrides`).
+    """
+    if not isinstance(model, keras.Model):
+        raise ValueError(
+            f"`model` must be a keras.Model. Received: model={type(model).__name__}"
+        )
+    graph = _keras_compat.graph_of(model)
+    try:
+        inputs, outputs = graph.input, graph.output
+    except (AttributeError, ValueError):
+        inputs = outputs = None
+    if inputs is None or outputs is None:
+        raise ValueError(
+            "`model` must be a built functional or Sequential model; "
+            "subclassed models should subclass TowerModel instead. "
+            f"Received: model={model.name!r} ({type(model).__name__})"
+        )
+    check_no_step_overrides(model, cls)
+    return inputs, outputs

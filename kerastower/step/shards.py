@@ -1,4 +1,4 @@
-"""Pure batch-splitting math shared by the tower steps.
+"""Cutting a global batch into tower shards, and gathering the towers' outputs.
 
 A global batch of ``B`` examples is cut into ``N`` contiguous shards, one per
 tower. The first ``B mod N`` towers get ``floor(B / N) + 1`` examples, the
@@ -12,11 +12,20 @@ Each tower's loss is weighted by its share of the global batch,
     sum_i w_i * mean(loss over shard i) = mean(loss over the global batch)
 
 which is the loss one device computes on the whole batch.
+
+The math is in plain functions (`split_sizes`, `split_offsets`,
+`loss_weights`); `split_nest` and `concat_nest` apply it to nests of tensors
+in a traced step, keeping Keras masks with the shards.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
 import tensorflow as tf
+
+from kerastower import _keras_compat
 
 
 def _check_counts(batch_size: int, towers: int) -> None:
@@ -117,3 +126,70 @@ def tensor_split_sizes(batch_size: tf.Tensor, towers: int) -> tf.Tensor:
     rest = batch_size - base * towers
     extra = tf.cast(tf.range(towers) < rest, tf.int32)
     return base + extra
+
+
+def first_leaf(structure: Any) -> tf.Tensor:
+    """Returns the first tensor of a nest that is not ``None``."""
+    return next(t for t in tf.nest.flatten(structure) if t is not None)
+
+
+def split_nest(structure: Any, sizes: tf.Tensor, towers: int) -> list[Any]:
+    """Cuts every batched leaf of `structure` into `towers` contiguous shards."""
+    flat = tf.nest.flatten(structure)
+    pieces = [
+        [None] * towers if t is None else tf.split(t, sizes, num=towers, axis=0)
+        for t in flat
+    ]
+    return [
+        tf.nest.pack_sequence_as(structure, [p[i] for p in pieces])
+        for i in range(towers)
+    ]
+
+
+def masks_of(structure: Any) -> dict[int, tf.Tensor]:
+    """The Keras masks of a nest's leaves, by leaf position.
+
+    Masks live on tensor attributes, which do not cross `Strategy.run`; a
+    tower returns them with this and `with_masks` puts them back.
+    """
+    flat = tf.nest.flatten(structure)
+    masks = {i: _keras_compat.get_keras_mask(t) for i, t in enumerate(flat)}
+    return {i: m for i, m in masks.items() if m is not None}
+
+
+def with_masks(structure: Any, masks: dict[int, tf.Tensor]) -> Any:
+    """Attaches masks from `masks_of` to (copies of) the nest's leaves."""
+    flat = [
+        tf.identity(t) if i in masks else t
+        for i, t in enumerate(tf.nest.flatten(structure))
+    ]
+    for i, mask in masks.items():
+        _keras_compat.set_keras_mask(flat[i], mask)
+    return tf.nest.pack_sequence_as(structure, flat)
+
+
+def concat_nest(per_tower: Sequence[Any]) -> Any:
+    """Concatenates per-tower nests along the batch axis, in tower order.
+
+    Keras masks carried by the shards (``Embedding(mask_zero=True)``, ...) are
+    concatenated too, so that metrics see the mask one device would.
+    """
+
+    def concat(*shards):
+        whole = tf.concat(shards, axis=0)
+        masks = [_keras_compat.get_keras_mask(shard) for shard in shards]
+        if all(mask is not None for mask in masks):
+            _keras_compat.set_keras_mask(whole, tf.concat(masks, axis=0))
+        return whole
+
+    return tf.nest.map_structure(concat, *per_tower)
+
+
+def local_results(strategy: tf.distribute.Strategy, outputs: Any) -> list[Any]:
+    """Turns a nest of per-replica values into one nest per tower."""
+    flat = [strategy.experimental_local_results(v) for v in tf.nest.flatten(outputs)]
+    towers = len(flat[0]) if flat else 0
+    return [
+        tf.nest.pack_sequence_as(outputs, [leaf[i] for leaf in flat])
+        for i in range(towers)
+    ]

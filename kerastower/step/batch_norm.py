@@ -9,7 +9,7 @@ one device's `tf.nn.moments` does, so that they are as accurate:
 
 where ``S_i``, ``C_i`` and ``Q_i`` are tower ``i``'s sum, count and sum of
 squared deviations over the reduction axes, each summed over the towers of
-every worker with one all-reduce (`kerastower.tower_sum`). Keras's own
+every worker with one all-reduce (`kerastower.reduce.towers`). Keras's own
 ``synchronized=True`` computes ``E[x^2] - E[x]^2`` in one pass instead, which
 loses float32 precision where the variance is small against the squared mean
 (deep convnets), and it does not synchronise masked inputs at all.
@@ -26,7 +26,7 @@ from collections.abc import Callable, Sequence
 import keras
 import tensorflow as tf
 
-from kerastower.loss_weighting import sum_over_towers
+from kerastower.reduce.towers import sum_over_towers
 
 
 def global_moments(
@@ -42,7 +42,7 @@ def global_moments(
         axes: The reduction axes (every axis but the feature axis).
         mask: A Keras mask over the leading axes of `inputs`, or ``None``.
         sum_fn: Sums a list of tensors over every tower (of every worker:
-            a `kerastower.tower_sum.TowerSum`).
+            a `kerastower.reduce.towers.TowerSum`).
 
     Returns:
         ``(mean, variance)``, squeezed to the feature axis, in the dtype of

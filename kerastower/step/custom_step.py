@@ -17,13 +17,14 @@ import tensorflow as tf
 
 
 def tower_gradients(
-    model,
+    step,
     loss_fn: Callable[..., Any],
     variables: Sequence[Any],
     tensors: tuple[Any, ...],
     has_aux: bool,
 ) -> tuple:
-    """Implements `TowerModel.tower_gradients` for `model`."""
+    """Implements `TowerModel.tower_gradients` with the model's `TowerStep`."""
+    model = step.model
     _check_context()
     variables = _check_variables(variables)
     if not callable(loss_fn):
@@ -44,7 +45,6 @@ def tower_gradients(
                 loss, outputs = tower_loss(tensors)
             gradients = tape.gradient(loss, variables)
     else:
-        step = model._tower_step
         gradients, loss, outputs, _ = step.tower_gradients(
             tower_loss, variables, tensors
         )

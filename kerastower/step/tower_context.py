@@ -3,13 +3,13 @@
 While the towers trace their forward pass and loss:
 
 - each of Keras's compiled losses is wrapped in
-  `kerastower.loss_weighting.TowerLoss`, which records every tower's values,
+  `kerastower.step.loss_weighting.TowerLoss`, which records every tower's values,
   so that the towers weigh their losses to add up to one device's loss;
 - Keras's per-output loss metrics ignore updates: the step updates them once,
   with the values of the global batch;
 - with synchronised statistics, every `BatchNormalization` layer normalises
   with the mean and variance of the global batch, summed over the towers
-  (`kerastower.batch_norm.global_moments`).
+  (`kerastower.step.batch_norm.global_moments`).
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ from typing import Any
 import keras
 
 from kerastower import _keras_compat
-from kerastower.batch_norm import global_moments
-from kerastower.loss_weighting import TowerLoss, TowerLosses
+from kerastower.step.batch_norm import global_moments
+from kerastower.step.loss_weighting import TowerLoss, TowerLosses
 
 
 class _IgnoredMetric:
@@ -46,14 +46,14 @@ def tower_context(
         model: The `kerastower.TowerModel`.
         global_batch: ``B``, the number of examples of the step's global
             batch (all workers'), a float32 scalar.
-        sum_fn: A `kerastower.tower_sum.TowerSum`: sums over every tower of
+        sum_fn: A `kerastower.reduce.towers.TowerSum`: sums over every tower of
             every worker.
         sync_batch_norm: Whether `BatchNormalization` layers use the
             statistics of all towers (only if the model's ``sync_batch_norm``
             is set too).
 
     Yields:
-        The `kerastower.loss_weighting.TowerLosses` the towers weight their
+        The `kerastower.step.loss_weighting.TowerLosses` the towers weight their
         loss by.
     """
     patched = []

@@ -14,7 +14,7 @@ A sparse gradient (`tf.IndexedSlices`, from `Embedding` and other gathers)
 stays sparse in the window, with the rows one device's batch of ``N``
 examples would have: the micro-batches' rows are concatenated in order, or,
 for a table gathered once per batch, summed by index
-(`kerastower.sharding.sum_gradients`, as for towers). Keras's optimizers
+(`kerastower.reduce.gradients.sum_gradients`, as for towers). Keras's optimizers
 square each row of the slices on its own (Adam's second moment sums the
 squared rows of a repeated index), so a window summed densely would train
 another model.
@@ -27,7 +27,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from kerastower.sharding import sum_gradients
+from kerastower.reduce.gradients import sum_gradients
 
 
 def validate_steps(steps: int | Mapping[int, int]) -> dict[int, int]:
@@ -158,7 +158,7 @@ class Window:
         """Adds ``n_j g_j`` for the gradients of the variables at `indices`.
 
         `static_rows` holds the variables whose sparse gradients gather a
-        fixed set of rows (see `kerastower.sharding.sum_gradients`).
+        fixed set of rows (see `kerastower.reduce.gradients.sum_gradients`).
         """
         for j, grad in zip(indices, gradients):
             if isinstance(grad, tf.IndexedSlices):
@@ -236,7 +236,7 @@ class GradientAccumulator:
     def attach(self, replicas: Any) -> None:
         """Keeps a window for each replica tower of `replicas` too.
 
-        With `kerastower.replicas.Replicas`, every tower ``i >= 1`` receives
+        With `kerastower.reduce.replicas.Replicas`, every tower ``i >= 1`` receives
         the all-reduced gradient of each micro-batch and adds it to a window
         of its own, on its device (`accumulate_replica`), so the window's
         gradient never leaves the tower; when the model's window is applied,
@@ -246,7 +246,7 @@ class GradientAccumulator:
         when already attached to `replicas`.
 
         Args:
-            replicas: The `kerastower.replicas.Replicas` of `variables`.
+            replicas: The `kerastower.reduce.replicas.Replicas` of `variables`.
         """
         if replicas is self.replicas:
             return

@@ -2,8 +2,8 @@
 
 Two statistics of a step need the whole global batch while the towers are
 still running their forward pass: the divisors of the compiled losses
-(`kerastower.loss_weighting`) and the moments of synchronised
-`BatchNormalization` (`kerastower.batch_norm`). One device would compute them
+(`kerastower.step.loss_weighting`) and the moments of synchronised
+`BatchNormalization` (`kerastower.step.batch_norm`). One device would compute them
 over every example of every worker, so `TowerSum` sums them in three moves:
 
 1. the towers of this worker sum their values (the replica context's
@@ -20,10 +20,10 @@ differentiates through the mean) is the same three moves on the upstream
 gradients.
 
 On one worker only the first move runs. Every worker must issue the same
-collectives in the same order, with the same instance keys: each step takes a
-fresh range of keys (`next_instance_key`), and a `TowerSum` numbers its
-collectives from the start of that range, so the step's branch that runs on
-all towers and the one that runs on one tower (a batch smaller than the
+collectives in the same order, with the same instance keys: each step
+reserves a block of keys (`kerastower.reduce.keys`), and a `TowerSum` numbers
+its collectives from the start of that block, so the step's branch that runs
+on all towers and the one that runs on one tower (a batch smaller than the
 tower count, `TowerStep.split_run`) issue the same keys; workers that take
 different branches still meet.
 """
@@ -34,23 +34,13 @@ from collections.abc import Sequence
 
 import tensorflow as tf
 
-from kerastower.loss_weighting import sum_over_towers
-
-# TensorFlow's strategies number their groups up from 1; this one is ours.
-GROUP_KEY = 0x6B740001
-_FIRST_INSTANCE_KEY = 1 << 20
-_next_key = _FIRST_INSTANCE_KEY
+from kerastower.reduce import keys
 
 
-def next_instance_key() -> int:
-    """The first instance key no `TowerSum` has used yet in this process."""
-    return _next_key
-
-
-def advance_instance_keys(sums: Sequence[TowerSum]) -> None:
-    """Marks the keys that `sums` used as taken (after a step was traced)."""
-    global _next_key
-    _next_key = max([_next_key] + [s.next_key for s in sums])
+def sum_over_towers(values: Sequence[tf.Tensor]) -> list[tf.Tensor]:
+    """Sums tensors over the towers of this step (identity outside towers)."""
+    context = tf.distribute.get_replica_context()
+    return list(context.all_reduce(tf.distribute.ReduceOp.SUM, list(values)))
 
 
 class TowerSum:
@@ -67,16 +57,22 @@ class TowerSum:
             runs.
         timeout_seconds: How long a collective may wait for the other
             workers.
-        first_key: The instance key of this step's first collective, from
-            `next_instance_key`.
+        first_key: The first instance key of the step's block
+            (`kerastower.reduce.keys.reserve`); ``None`` on one worker, where
+            no collective runs.
     """
 
     def __init__(
-        self, workers: int, device: str, timeout_seconds: float, first_key: int
+        self,
+        workers: int,
+        device: str,
+        timeout_seconds: float,
+        first_key: int | None,
     ):
         self.workers = workers
         self.device = device
         self.timeout_seconds = timeout_seconds
+        self.first_key = first_key
         self.next_key = first_key
 
     def __call__(self, values: Sequence[tf.Tensor]) -> list[tf.Tensor]:
@@ -114,13 +110,19 @@ class TowerSum:
         """One collective per dtype, over the first towers of all workers."""
         out = list(values)
         for dtype in sorted({v.dtype for v in values}, key=lambda d: d.name):
+            if self.next_key >= self.first_key + keys.STEP_BLOCK:
+                raise RuntimeError(
+                    "A training step summed more than "
+                    f"{keys.STEP_BLOCK} tensors over the workers; "
+                    "kerastower.reduce.keys.STEP_BLOCK must grow."
+                )
             where = [i for i, v in enumerate(values) if v.dtype == dtype]
             flat = tf.concat([tf.reshape(values[i], [-1]) for i in where], axis=0)
             with tf.device(self.device):
                 summed = tf.raw_ops.CollectiveReduceV2(
                     input=flat,
                     group_size=self.workers,
-                    group_key=GROUP_KEY,
+                    group_key=keys.WORKERS_GROUP_KEY,
                     instance_key=self.next_key,
                     ordering_token=[],
                     merge_op="Add",

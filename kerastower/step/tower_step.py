@@ -3,15 +3,15 @@
 A step, top to bottom (`TowerStep.train`):
 
 1. The global batch of ``B`` examples is cut into contiguous shards, one per
-   tower (`kerastower.splitting`); a batch smaller than the number of towers
+   tower (`kerastower.step.shards`); a batch smaller than the number of towers
    runs whole on the first tower instead (`TowerStep.split_run`).
 2. Each tower runs the forward pass and its loss on its shard inside
    `tf.distribute.Strategy.run`, weighted so that the towers add up to the
-   one-device loss (`kerastower.loss_weighting`), with
+   one-device loss (`kerastower.step.loss_weighting`), with
    `BatchNormalization` statistics of the global batch
-   (`kerastower.batch_norm`), and takes its gradients.
+   (`kerastower.step.batch_norm`), and takes its gradients.
 3. The towers' gradients are summed into the one-device gradient
-   (`kerastower.sharding.sum_gradients`), summed over workers when there are
+   (`kerastower.reduce.gradients.sum_gradients`), summed over workers when there are
    several, and applied once by the model's own optimizer (or accumulated by
    `kerastower.callbacks.GradientAccumulation`).
 4. The loss tracker and compiled metrics are updated once, on the whole
@@ -25,21 +25,26 @@ import warnings
 import keras
 import tensorflow as tf
 
-from kerastower import _keras_compat, checks, layer_updates, multi_worker, tower_sum
-from kerastower.loss_weighting import weigh_loss
-from kerastower.sharding import (
+from kerastower import _keras_compat, multi_worker
+from kerastower.reduce import keys, workers
+from kerastower.reduce.gradients import (
+    has_static_rows,
+    sum_gradients,
+    traced_static_rows,
+)
+from kerastower.reduce.towers import TowerSum
+from kerastower.step import checks, layer_updates
+from kerastower.step.loss_weighting import weigh_loss
+from kerastower.step.shards import (
     concat_nest,
     first_leaf,
-    has_static_rows,
     local_results,
     masks_of,
     split_nest,
-    sum_gradients,
-    traced_static_rows,
+    tensor_split_sizes,
     with_masks,
 )
-from kerastower.splitting import tensor_split_sizes
-from kerastower.tower_context import tower_context
+from kerastower.step.tower_context import tower_context
 
 
 class TowerStep:
@@ -47,10 +52,21 @@ class TowerStep:
 
     Args:
         model: The `kerastower.TowerModel`.
+        replicas: The `kerastower.reduce.replicas.Replicas` the towers read
+            and update, or ``None`` for towers reading the model's variables.
+
+    Attributes:
+        replicas: As given.
+        accumulator: The `kerastower.reduce.accumulation.GradientAccumulator`
+            that training steps add their gradients to instead of applying
+            them, or ``None`` (set through
+            `TowerModel.gradient_accumulator`).
     """
 
-    def __init__(self, model):
+    def __init__(self, model, replicas=None):
         self.model = model
+        self.replicas = replicas
+        self.accumulator = None
         # Which sparse gradients gather a fixed set of rows: found by
         # `tower_gradients`, used by the `sum_gradients_over_workers` that
         # follows it in the same step.
@@ -65,7 +81,7 @@ class TowerStep:
         x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
         trainable = model.trainable_weights
         batch_size = tf.shape(first_leaf(x))[0]
-        accumulator = model._gradient_accumulator
+        accumulator = self.accumulator
 
         def loss_fn(shard):
             tx, ty, tsw = shard
@@ -91,7 +107,7 @@ class TowerStep:
                     else traced
                 )
         else:
-            replicas = model._replicas
+            replicas = self.replicas
             if replicas is not None:
                 replicas.check(model)
                 replicas.ensure(trainable, model.optimizer)
@@ -124,7 +140,7 @@ class TowerStep:
             )
             return model.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
 
-        return multi_worker.metric_results_over_workers(self.model, update_metrics)
+        return workers.metric_results_over_workers(self.model, update_metrics)
 
     def test(self, data) -> dict:
         """One evaluation step on the global batch `data`; returns the logs."""
@@ -143,7 +159,7 @@ class TowerStep:
             tower_fn, self.combine_losses, (x, y, sample_weight)
         )
         y_pred = with_masks(y_pred, masks)
-        loss = multi_worker.sum_over_workers(self.model, loss)
+        loss = workers.sum_over_workers(self.model, loss)
         self.update_loss_metrics(per_output, y_pred)
 
         def update_metrics():
@@ -152,7 +168,7 @@ class TowerStep:
             )
             return model.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
 
-        return multi_worker.metric_results_over_workers(self.model, update_metrics)
+        return workers.metric_results_over_workers(self.model, update_metrics)
 
     def predict(self, data):
         """Predictions for the global batch `data`, in input order."""
@@ -192,7 +208,7 @@ class TowerStep:
         one device computes it (weighted by `loss_weighting.weigh_loss`) and per-example
         outputs. Returns ``(gradients, loss, outputs, B)``, summed or
         concatenated over this worker's towers; ``B`` is the global batch.
-        With `replicas` (a `kerastower.replicas.Replicas` of `variables`),
+        With `replicas` (a `kerastower.reduce.replicas.Replicas` of `variables`),
         each tower reads its replicas, and the replicas are updated with the
         all-reduced gradients, or add them to their windows of `accumulator`
         (a `GradientAccumulator` attached to `replicas`); the gradients
@@ -269,7 +285,7 @@ class TowerStep:
 
     def sum_gradients_over_workers(self, loss, gradients):
         """Sums the loss and gradients over the workers (identity on one)."""
-        return multi_worker.sum_gradients_over_workers(
+        return workers.sum_gradients_over_workers(
             self.model, loss, gradients, self._static_rows
         )
 
@@ -296,20 +312,17 @@ class TowerStep:
             checks.check_no_stateful_layers(model)
             checks.warn_if_xla_uses_one_device(model)
         batch = tf.shape(first_leaf(data))[0]
-        workers = model.num_workers if across_workers else 1
+        num_workers = model.num_workers if across_workers else 1
         total = tf.cast(batch, tf.float32)
-        if workers > 1:
-            total = multi_worker.sum_over_workers(model, total)
-        first_key = tower_sum.next_instance_key()
-        sums = []
+        if num_workers > 1:
+            total = workers.sum_over_workers(model, total)
+        # Both branches number their cross-worker sums from one block of keys.
+        first_key = keys.reserve(keys.STEP_BLOCK) if num_workers > 1 else None
 
         def new_sum():
-            sums.append(
-                tower_sum.TowerSum(
-                    workers, model.tower_devices[0], multi_worker.timeout(), first_key
-                )
+            return TowerSum(
+                num_workers, model.tower_devices[0], multi_worker.timeout(), first_key
             )
-            return sums[-1]
 
         def on_towers():
             return combine(self.run_towers(tower_fn, data, batch, total, new_sum()))
@@ -323,7 +336,7 @@ class TowerStep:
                 # One device's statistics are this tower's, unless workers
                 # add theirs.
                 context = tower_context(
-                    model, total, new_sum(), sync_batch_norm=workers > 1
+                    model, total, new_sum(), sync_batch_norm=num_workers > 1
                 )
                 with context as losses, tf.device(model.tower_devices[0]):
                     result = combine([tower_fn(data, weight, losses)])
@@ -342,10 +355,9 @@ class TowerStep:
                 result = on_towers()
             else:
                 result = tf.cond(batch >= model.num_towers, on_towers, on_one_tower)
-        tower_sum.advance_instance_keys(sums)
         _keras_compat.warn_once(
             one_tower_warnings[0] if one_tower_warnings else caught,
-            getattr(model, "_shown_warnings", frozenset()),
+            _keras_compat.warnings_shown_at_build(model),
         )
         return result, total
 
@@ -377,7 +389,7 @@ class TowerStep:
     def tower_loss(self, x, y, y_pred, sample_weight, weight, losses, training):
         """This tower's weighted share of the step's loss and of each output's.
 
-        See `kerastower.loss_weighting` for the rule.
+        See `kerastower.step.loss_weighting` for the rule.
         """
         loss = _keras_compat.compute_loss(
             self.model, x, y, y_pred, sample_weight, training=training
@@ -397,6 +409,6 @@ class TowerStep:
         batch_dim = first_leaf(batch).shape[0]
         metrics = _keras_compat.per_output_loss_metrics(self.model)
         for metric, value in zip(
-            metrics, multi_worker.sum_over_workers(self.model, per_output)
+            metrics, workers.sum_over_workers(self.model, per_output)
         ):
             metric.update_state(value, sample_weight=batch_dim)

@@ -1,9 +1,10 @@
-"""Cutting nests of tensors into tower shards and gathering them back.
+"""Summing the towers' gradients of one variable into the one-device gradient.
 
-The graph-side companions of `kerastower.splitting`: a global batch (any nest
-of tensors with the batch on axis 0) is cut into contiguous shards in tower
-order, and per-tower outputs are concatenated back in that order, so
-predictions keep the input order.
+Dense gradients are added. Sparse gradients (`tf.IndexedSlices`) keep the
+rows one device would have made: Keras's optimizers treat each row of the
+slices on its own, so a dense sum, or rows merged where one device keeps
+them apart, would train another model. The same rule combines micro-batches
+(`kerastower.reduce.accumulation`) and workers (`kerastower.reduce.workers`).
 """
 
 from __future__ import annotations
@@ -12,65 +13,6 @@ from collections.abc import Sequence
 from typing import Any
 
 import tensorflow as tf
-
-from kerastower import _keras_compat
-
-
-def first_leaf(structure: Any) -> tf.Tensor:
-    """Returns the first tensor of a nest that is not ``None``."""
-    return next(t for t in tf.nest.flatten(structure) if t is not None)
-
-
-def split_nest(structure: Any, sizes: tf.Tensor, towers: int) -> list[Any]:
-    """Cuts every batched leaf of `structure` into `towers` contiguous shards."""
-    flat = tf.nest.flatten(structure)
-    pieces = [
-        [None] * towers if t is None else tf.split(t, sizes, num=towers, axis=0)
-        for t in flat
-    ]
-    return [
-        tf.nest.pack_sequence_as(structure, [p[i] for p in pieces])
-        for i in range(towers)
-    ]
-
-
-def masks_of(structure: Any) -> dict[int, tf.Tensor]:
-    """The Keras masks of a nest's leaves, by leaf position.
-
-    Masks live on tensor attributes, which do not cross `Strategy.run`; a
-    tower returns them with this and `with_masks` puts them back.
-    """
-    flat = tf.nest.flatten(structure)
-    masks = {i: _keras_compat.get_keras_mask(t) for i, t in enumerate(flat)}
-    return {i: m for i, m in masks.items() if m is not None}
-
-
-def with_masks(structure: Any, masks: dict[int, tf.Tensor]) -> Any:
-    """Attaches masks from `masks_of` to (copies of) the nest's leaves."""
-    flat = [
-        tf.identity(t) if i in masks else t
-        for i, t in enumerate(tf.nest.flatten(structure))
-    ]
-    for i, mask in masks.items():
-        _keras_compat.set_keras_mask(flat[i], mask)
-    return tf.nest.pack_sequence_as(structure, flat)
-
-
-def concat_nest(per_tower: Sequence[Any]) -> Any:
-    """Concatenates per-tower nests along the batch axis, in tower order.
-
-    Keras masks carried by the shards (``Embedding(mask_zero=True)``, ...) are
-    concatenated too, so that metrics see the mask one device would.
-    """
-
-    def concat(*shards):
-        whole = tf.concat(shards, axis=0)
-        masks = [_keras_compat.get_keras_mask(shard) for shard in shards]
-        if all(mask is not None for mask in masks):
-            _keras_compat.set_keras_mask(whole, tf.concat(masks, axis=0))
-        return whole
-
-    return tf.nest.map_structure(concat, *per_tower)
 
 
 def sum_gradients(per_tower: Sequence[Any], static_rows: bool | None = None) -> Any:
@@ -165,17 +107,7 @@ def merge_rows(slices: tf.IndexedSlices) -> tf.IndexedSlices:
     """Sums the rows of `slices` that share an index (one row per index)."""
     unique, position = tf.unique(slices.indices)
     # `tf.shape`, not `tf.size`: for rows read from a variable of unknown
-    # length (a window of `kerastower.accumulation`), `tf.size` of the
+    # length (a window of `kerastower.reduce.accumulation`), `tf.size` of the
     # unique indices came out 0 in a traced step while `tf.shape` was right.
     values = tf.math.unsorted_segment_sum(slices.values, position, tf.shape(unique)[0])
     return tf.IndexedSlices(values, unique, slices.dense_shape)
-
-
-def local_results(strategy: tf.distribute.Strategy, outputs: Any) -> list[Any]:
-    """Turns a nest of per-replica values into one nest per tower."""
-    flat = [strategy.experimental_local_results(v) for v in tf.nest.flatten(outputs)]
-    towers = len(flat[0]) if flat else 0
-    return [
-        tf.nest.pack_sequence_as(outputs, [leaf[i] for leaf in flat])
-        for i in range(towers)
-    ]

@@ -30,7 +30,7 @@ loss therefore returns ``L_i * t_i * B / n_i``, where ``t_i`` is its tower
 weight above, so that the product is ``t_i * L_i``.
 
 Across workers the same rule holds: ``D`` is summed over every tower of
-every worker (`kerastower.tower_sum`), so masked losses stay exact when the
+every worker (`kerastower.reduce.towers`), so masked losses stay exact when the
 workers hold different fractions of valid elements.
 """
 
@@ -42,12 +42,7 @@ from typing import NamedTuple
 import tensorflow as tf
 
 from kerastower import _keras_compat
-
-
-def sum_over_towers(values: Sequence[tf.Tensor]) -> list[tf.Tensor]:
-    """Sums tensors over the towers of this step (identity outside towers)."""
-    context = tf.distribute.get_replica_context()
-    return list(context.all_reduce(tf.distribute.ReduceOp.SUM, list(values)))
+from kerastower.reduce.towers import sum_over_towers
 
 
 def compiled_loss_factor(
@@ -139,7 +134,7 @@ def weigh_compiled_losses(
         global_batch: ``B``, the examples of the step on all towers and
             workers, float32.
         sum_fn: Sums a list of tensors over every tower (of every worker:
-            a `kerastower.tower_sum.TowerSum`).
+            a `kerastower.reduce.towers.TowerSum`).
 
     Returns:
         One float64 factor per record, or ``None`` where it is 1. Every
@@ -169,7 +164,7 @@ def weigh_compiled_losses(
 
 
 class TowerLosses(NamedTuple):
-    """What a tower needs to weight its loss (see `kerastower.loss_weighting`).
+    """What a tower needs to weight its loss (see `kerastower.step.loss_weighting`).
 
     Attributes:
         records: Each tower's compiled-loss records, keyed by its replica

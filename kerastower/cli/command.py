@@ -27,29 +27,11 @@ import sys
 import tempfile
 from collections.abc import Iterator, Sequence
 
-from kerastower import launch
+from kerastower.cli import launch_command
 
 DEFAULT_CPU_TOWERS = 4
 DEFAULT_TOLERANCE = 1e-4
 VERBOSE_FLAG = "--verbose"
-
-
-def started_as_command() -> bool:
-    """Whether this process is the ``kerastower`` command line.
-
-    That is the ``kerastower`` console script, or ``python -m kerastower``
-    (and ``python -m kerastower.cli``); not a program that imports kerastower.
-
-    Returns:
-        ``True`` in the command line's process, ``False`` elsewhere.
-    """
-    program = sys.argv[0].replace("\\", "/").rsplit("/", 1)[-1].lower()
-    if program in ("kerastower", "kerastower.exe", "kerastower-script.py"):
-        return True
-    argv = list(getattr(sys, "orig_argv", []))
-    if "-m" in argv[:-1]:
-        return argv[argv.index("-m") + 1] in ("kerastower", "kerastower.cli")
-    return False
 
 
 @contextlib.contextmanager
@@ -78,26 +60,15 @@ def _stderr_held_back() -> Iterator[None]:
             os.close(saved)
 
 
-def quiet_start() -> None:
-    """Loads TensorFlow without its start-up log, in the command line only.
+def _import_tensorflow(verbose: bool) -> None:
+    """Imports TensorFlow without its start-up log, unless `verbose`.
 
-    In the ``kerastower`` command (see `started_as_command`), unless
-    ``--verbose`` is among its arguments, this sets ``TF_CPP_MIN_LOG_LEVEL=3``
-    (where the environment does not set it) and imports TensorFlow with the
-    process's standard error held back; if the import fails, what TensorFlow
-    wrote is shown with the error. Anywhere else it does nothing, so a
-    program that imports kerastower keeps TensorFlow's logging as it is. It
-    must run before TensorFlow is first imported: `kerastower/__init__.py`
-    calls it first. ``kerastower launch`` runs here and exits, so that the
-    launcher never loads TensorFlow.
+    Sets ``TF_CPP_MIN_LOG_LEVEL=3`` (where the environment does not set it)
+    and imports TensorFlow with the process's standard error held back; if
+    the import fails, what TensorFlow wrote is shown with the error. Does
+    nothing once TensorFlow is imported.
     """
-    if "tensorflow" in sys.modules or not started_as_command():
-        return
-    if _command(sys.argv[1:]) == "launch":
-        # The launcher must stay light and never join the cluster: it runs
-        # here, before kerastower imports TensorFlow, and exits.
-        sys.exit(main())
-    if VERBOSE_FLAG in sys.argv[1:]:
+    if "tensorflow" in sys.modules or verbose:
         return
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     with _stderr_held_back():
@@ -177,10 +148,10 @@ def _parser() -> argparse.ArgumentParser:
             "after the script go to it unchanged); or, with --hosts, print the "
             "TF_CONFIG of one worker of a real cluster."
         ),
-        usage=launch.USAGE,
+        usage=launch_command.USAGE,
         allow_abbrev=False,
     )
-    launch.add_arguments(launcher)
+    launch_command.add_arguments(launcher)
     return parser
 
 
@@ -198,6 +169,7 @@ class _VersionAction(argparse.Action):
         super().__init__(option_strings, argparse.SUPPRESS, **kwargs)
 
     def __call__(self, parser, namespace, values, option_string=None):
+        _import_tensorflow(VERBOSE_FLAG in sys.argv[1:])
         print(_version_line())
         parser.exit()
 
@@ -250,7 +222,7 @@ def _setup_towers(towers: int | None, device: str, cpu_default: int) -> list[str
     """Picks (and on CPUs creates) the tower devices before TensorFlow starts."""
     import tensorflow as tf
 
-    import kerastower
+    from kerastower.devices import configure_logical_devices
 
     gpus = tf.config.list_physical_devices("GPU")
     if device == "gpu" and not gpus:
@@ -268,7 +240,7 @@ def _setup_towers(towers: int | None, device: str, cpu_default: int) -> list[str
             )
         names = [d.name for d in tf.config.list_logical_devices("GPU")]
         return names[:count]
-    return kerastower.configure_logical_devices(towers or cpu_default)
+    return configure_logical_devices(towers or cpu_default)
 
 
 def _describe(devices: Sequence[str]) -> str:
@@ -317,11 +289,11 @@ def _gpu_details(tf, name: str) -> str:
 def _devices_command(args: argparse.Namespace) -> int:
     import tensorflow as tf
 
-    import kerastower
     from kerastower import cluster
+    from kerastower.devices import available_devices
 
     if args.towers is None and args.device == "auto":
-        devices = kerastower.available_devices()
+        devices = available_devices()
     else:
         devices = _setup_towers(args.towers, args.device, cpu_default=1)
     physical = {
@@ -365,19 +337,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     script_argv: list[str] = []
     if _command(argv) == "launch":
         at = argv.index("launch") + 1
-        launcher_argv, script_argv = launch.split_argv(argv[at:])
+        launcher_argv, script_argv = launch_command.split_argv(argv[at:])
         argv = argv[:at] + launcher_argv
     args = _parser().parse_args(argv)
     if args.command == "launch":
         try:
-            return launch.run(args, script_argv)
+            return launch_command.run(args, script_argv)
         except ValueError as error:
             print(f"kerastower launch: error: {error}", file=sys.stderr)
             return 2
+    _import_tensorflow(getattr(args, "verbose", False))
+    from kerastower.devices import configure_from_environment
+
+    configure_from_environment()
     try:
         if args.command == "devices":
             return _devices_command(args)
-        from kerastower import demo
+        from kerastower.cli import demo
 
         devices = _setup_towers(args.towers, args.device, DEFAULT_CPU_TOWERS)
         return demo.run(

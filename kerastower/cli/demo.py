@@ -17,7 +17,7 @@ import tensorflow as tf
 
 from kerastower.callbacks.tower_monitor import TowerMonitor
 from kerastower.model import TowerModel
-from kerastower.splitting import split_sizes
+from kerastower.step.shards import split_sizes
 
 
 def load_digits(seed: int = 0, test_size: int = 360):

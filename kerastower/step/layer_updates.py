@@ -40,7 +40,8 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from kerastower import _keras_compat, checks
+from kerastower import _keras_compat
+from kerastower.step import checks
 
 
 def spectral_normalizations(model: keras.Model) -> list:
@@ -75,7 +76,7 @@ def step_state(model: keras.Model, replicas: Any = None) -> Iterator[StepState]:
 
     Args:
         model: The `kerastower.TowerModel`.
-        replicas: The model's `kerastower.replicas.Replicas`, or ``None``.
+        replicas: The model's `kerastower.reduce.replicas.Replicas`, or ``None``.
 
     Yields:
         The `StepState` for `tower_reads`. On exit, warns if a tower assigned
@@ -131,7 +132,7 @@ def tower_reads(
         model: The `kerastower.TowerModel`.
         variables: The variables the tower differentiates.
         state: The `StepState` that `step_state` yielded.
-        replicas: The model's `kerastower.replicas.Replicas`, or ``None``.
+        replicas: The model's `kerastower.reduce.replicas.Replicas`, or ``None``.
         tower: The tower; defaults to the current replica context's (0
             outside `tf.distribute.Strategy.run`).
     """

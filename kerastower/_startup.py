@@ -1,0 +1,57 @@
+"""What importing kerastower does to the process, before TensorFlow starts.
+
+TensorFlow fixes its devices and its cluster when its runtime starts (the
+first op, variable or model), so `import kerastower` settles both first
+(`prepare_process`):
+
+- the logical CPUs that ``kerastower launch --towers`` asks for through
+  ``$KERASTOWER_LOGICAL_DEVICES`` (`kerastower.devices.configure_from_environment`);
+- this process as a worker of the cluster that `TF_CONFIG` names
+  (`kerastower.multi_worker.prepare_workers`).
+
+The ``kerastower`` command line (`started_as_command`) gets neither: it sets up
+its devices from its own flags, never joins a cluster, and loads TensorFlow
+only for the subcommands that need it, so that ``kerastower launch`` and
+``--help`` start at once.
+"""
+
+from __future__ import annotations
+
+import sys
+
+COMMAND_MODULES = ("kerastower", "kerastower.cli")
+
+
+def started_as_command() -> bool:
+    """Whether this process is the ``kerastower`` command line.
+
+    That is the ``kerastower`` console script, or ``python -m kerastower``
+    (and ``python -m kerastower.cli``); not a program that imports kerastower.
+
+    Returns:
+        ``True`` in the command line's process, ``False`` elsewhere.
+    """
+    program = sys.argv[0].replace("\\", "/").rsplit("/", 1)[-1].lower()
+    if program in ("kerastower", "kerastower.exe", "kerastower-script.py"):
+        return True
+    argv = list(getattr(sys, "orig_argv", []))
+    if "-m" in argv[:-1]:
+        return argv[argv.index("-m") + 1] in COMMAND_MODULES
+    return False
+
+
+def prepare_process() -> None:
+    """Configures devices and the cluster worker from the environment.
+
+    `kerastower/__init__.py` calls it first, once; it does nothing in the
+    command line.
+
+    Raises:
+        ValueError: If ``$KERASTOWER_LOGICAL_DEVICES`` is not an integer >= 1.
+    """
+    if started_as_command():
+        return
+    from kerastower import devices, multi_worker
+
+    devices.configure_from_environment()
+    multi_worker.prepare_workers()

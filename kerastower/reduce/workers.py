@@ -1,0 +1,222 @@
+"""Sums across the workers of a cluster, over `MultiWorkerMirroredStrategy`.
+
+Within a worker, `TowerModel` splits its local batch over its local towers.
+Across workers it uses the collective all-reduce of a
+`tf.distribute.MultiWorkerMirroredStrategy`, TensorFlow's own multi-worker
+engine (made by `kerastower.worker_strategy`): the global batch size, the
+gradients and the metric updates are summed over workers, so every worker
+applies the same update to the same weights. Each worker contributes once,
+whatever its number of towers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection, Sequence
+from typing import Any
+
+import keras
+import tensorflow as tf
+
+from kerastower import _keras_compat, cluster
+from kerastower.reduce.gradients import merge_rows
+
+
+def all_reduce_sum(strategy: tf.distribute.Strategy, values: Any) -> Any:
+    """Sums a nest of tensors over the workers of `strategy` (graph or eager).
+
+    Each worker contributes its value once, even when the strategy has several
+    local replicas (GPUs) per worker.
+
+    Args:
+        strategy: A `MultiWorkerMirroredStrategy`.
+        values: A nest of tensors, the same structure on every worker.
+
+    Returns:
+        The nest of element-wise sums over workers.
+    """
+    local = strategy.num_replicas_in_sync // _keras_compat.strategy_num_workers(
+        strategy
+    )
+
+    def reduce(flat):
+        context = tf.distribute.get_replica_context()
+        first = tf.equal(context.replica_id_in_sync_group % local, 0)
+        mine = [tf.where(first, v, tf.zeros_like(v)) for v in flat]
+        # One all-reduce per dtype: TensorFlow packs each call into one buffer.
+        out = list(mine)
+        for dtype in {v.dtype for v in mine}:
+            where = [i for i, v in enumerate(mine) if v.dtype == dtype]
+            summed = context.all_reduce(
+                tf.distribute.ReduceOp.SUM, [mine[i] for i in where]
+            )
+            for i, value in zip(where, summed):
+                out[i] = value
+        return out
+
+    flat = [tf.convert_to_tensor(v) for v in tf.nest.flatten(values)]
+    summed = strategy.run(reduce, args=(flat,))
+    first = [strategy.experimental_local_results(v)[0] for v in summed]
+    return tf.nest.pack_sequence_as(values, first)
+
+
+def gather_slices(
+    strategy: tf.distribute.Strategy, slices: list[tf.IndexedSlices]
+) -> list[tf.IndexedSlices]:
+    """Concatenates each worker's `tf.IndexedSlices`, in worker order.
+
+    The sparse counterpart of `all_reduce_sum`: rows stay rows (duplicate
+    indices are kept, as one device fed every worker's examples would have
+    them), so a large embedding table is never densified. Each worker
+    contributes once, even with several local replicas.
+
+    Args:
+        strategy: A `MultiWorkerMirroredStrategy`.
+        slices: The same number of slices on every worker.
+
+    Returns:
+        The gathered slices, the same on every worker.
+    """
+    local = strategy.num_replicas_in_sync // _keras_compat.strategy_num_workers(
+        strategy
+    )
+
+    def gather(flat):
+        context = tf.distribute.get_replica_context()
+        first = tf.equal(context.replica_id_in_sync_group % local, 0)
+        out = []
+        for piece in flat:
+            rows = tf.where(first, tf.shape(piece.indices)[0], 0)
+            mine = tf.IndexedSlices(
+                piece.values[:rows], piece.indices[:rows], piece.dense_shape
+            )
+            out.append(context.all_reduce(tf.distribute.ReduceOp.SUM, mine))
+        return out
+
+    gathered = strategy.run(gather, args=(list(slices),))
+    return [strategy.experimental_local_results(g)[0] for g in gathered]
+
+
+def sum_over_workers(model: keras.Model, values: Any) -> Any:
+    """Sums a nest of tensors over the workers of `model` (identity on one).
+
+    Args:
+        model: A `kerastower.TowerModel`.
+        values: A nest of tensors, the same structure on every worker.
+
+    Returns:
+        The nest of sums over workers.
+    """
+    if model.num_workers == 1:
+        return values
+    return all_reduce_sum(model.worker_strategy, values)
+
+
+def sum_gradients_over_workers(
+    model: keras.Model,
+    loss: tf.Tensor,
+    gradients: Sequence[Any],
+    static_rows: Collection[int] = frozenset(),
+) -> tuple[tf.Tensor, list[Any]]:
+    """Sums a step's loss and gradients over the workers of `model`.
+
+    Dense gradients are summed. Sparse ones keep their rows (`gather_slices`),
+    as one device fed every worker's examples would have them, since Adam and
+    friends treat each row on its own; a table every tower gathers whole (its
+    index in `static_rows`, see `kerastower.reduce.gradients.has_static_rows`)
+    is then merged by index, as one device gathers it once.
+
+    Args:
+        model: A `kerastower.TowerModel`.
+        loss: This worker's share of the step's loss.
+        gradients: This worker's gradients, ``None`` where unconnected.
+        static_rows: Indices of `gradients` whose rows are a fixed set.
+
+    Returns:
+        ``(loss, gradients)`` over all workers; unchanged on one worker.
+    """
+    if model.num_workers == 1:
+        return loss, gradients
+    gradients = list(gradients)
+    dense = [j for j, g in enumerate(gradients) if isinstance(g, tf.Tensor)]
+    sparse = [j for j, g in enumerate(gradients) if isinstance(g, tf.IndexedSlices)]
+    summed = sum_over_workers(model, [loss] + [gradients[j] for j in dense])
+    for j, grad in zip(dense, summed[1:]):
+        gradients[j] = grad
+    if sparse:
+        gathered = gather_slices(model.worker_strategy, [gradients[j] for j in sparse])
+        for j, grad in zip(sparse, gathered):
+            gradients[j] = merge_rows(grad) if j in static_rows else grad
+    return summed[0], gradients
+
+
+def metric_results_over_workers(
+    model: keras.Model, update_metrics: Callable[[], Any]
+) -> dict:
+    """Runs `update_metrics` and makes every metric of `model` count all workers.
+
+    Keras metrics keep additive state (totals and counts), so summing each
+    worker's change of state gives the state of one metric fed every worker's
+    examples.
+
+    Args:
+        model: A `kerastower.TowerModel`.
+        update_metrics: A function updating the metrics with this worker's
+            examples.
+
+    Returns:
+        The model's metric results, over all workers.
+    """
+    if model.num_workers == 1:
+        return update_metrics()
+    variables = [v for m in model.metrics for v in m.variables]
+    before = [tf.identity(v) for v in variables]
+    with tf.control_dependencies(before):
+        update_metrics()
+    deltas = [v - b for v, b in zip(variables, before)]
+    for variable, old, delta in zip(variables, before, sum_over_workers(model, deltas)):
+        variable.assign(old + delta)
+    return model.get_metrics_result()
+
+
+def broadcast_from_chief(
+    strategy: tf.distribute.Strategy, variables: list[tf.Variable]
+) -> None:
+    """Gives every worker the chief's values of `variables`.
+
+    Every worker must call it, with the same variables in the same order: the
+    values travel by an all-reduce in which the other workers add zeros.
+
+    Args:
+        strategy: A `MultiWorkerMirroredStrategy`.
+        variables: The same list of variables on every worker.
+    """
+    if not variables:
+        return
+    chief = cluster.worker_index_of(cluster.tf_config()) == 0
+
+    @tf.function
+    def broadcast():
+        mine = [
+            tf.identity(v) if chief else tf.zeros(v.shape, v.dtype) for v in variables
+        ]
+        for variable, value in zip(variables, all_reduce_sum(strategy, mine)):
+            variable.assign(value)
+
+    broadcast()
+
+
+class BroadcastFromChief(keras.callbacks.Callback):
+    """Starts every worker from the chief's weights and optimizer state.
+
+    A `keras.callbacks.Callback` that, at the start of `fit`, broadcasts the
+    model's and the optimizer's variables from the chief (see
+    `broadcast_from_chief`). `TowerModel` adds it to `fit` by itself on a
+    multi-worker cluster, after any callback that restores a checkpoint.
+    """
+
+    def on_train_begin(self, logs=None):
+        model = self.model
+        broadcast_from_chief(
+            model.worker_strategy,
+            list(model.variables) + list(model.optimizer.variables),
+        )

@@ -1,0 +1,226 @@
+"""The shape of the package: layers, no import circle, no private reads.
+
+Read from the source with `ast` (module-level imports and imports inside
+functions alike), so these tests run without TensorFlow and fail on the first
+change that breaks the house rules of `docs/architecture.md`.
+"""
+
+from __future__ import annotations
+
+import ast
+import pathlib
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1] / "kerastower"
+
+# Each module may import modules of its own layer or below, never above. A
+# name ending in "." stands for every module of that package.
+LAYERS = [
+    # The fence around private Keras and TensorFlow, and plain-Python helpers.
+    ["kerastower._keras_compat.", "kerastower.cluster", "kerastower.worker_configs"],
+    # This process's devices and cluster, and the public plain functions.
+    [
+        "kerastower.devices",
+        "kerastower.multi_worker",
+        "kerastower.strategy",
+        "kerastower.scaling",
+        "kerastower.launch",
+    ],
+    ["kerastower.reduce."],  # every sum across towers, workers, replicas
+    ["kerastower.step."],  # one step over this worker's towers
+    ["kerastower.model", "kerastower.data"],
+    ["kerastower.callbacks."],
+    ["kerastower", "kerastower._startup"],  # the public face
+    ["kerastower.cli.", "kerastower.__main__"],  # the command line: a leaf
+]
+
+# Reads of an underscore attribute that are not another module's private
+# state, each with the reason.
+ALLOWED_PRIVATE_READS = {
+    # The fence: the one package that reads private Keras and TensorFlow
+    # attributes, each checked against the installed version.
+    "kerastower._keras_compat.": "the private-Keras fence",
+    # Public names that begin with an underscore.
+    "os._exit": "exits at once from the grace-period timer thread",
+    "_fields": "namedtuple's public field list",
+}
+
+
+def module_name(path: pathlib.Path) -> str:
+    parts = path.relative_to(ROOT.parent).with_suffix("").parts
+    name = ".".join(parts)
+    return name.removesuffix(".__init__")
+
+
+MODULES = {module_name(p): p for p in ROOT.rglob("*.py")}
+
+
+def imports_of(name: str) -> set[str]:
+    """The kerastower modules that module `name` imports, anywhere in it."""
+    found = set()
+    package = name if MODULES[name].name == "__init__.py" else name.rpartition(".")[0]
+    for node in ast.walk(ast.parse(MODULES[name].read_text())):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name in MODULES:
+                    found.add(alias.name)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join(
+                    [*package.split(".")[: len(package.split(".")) - node.level + 1]]
+                    + ([base] if base else [])
+                )
+            for alias in node.names:
+                sub = f"{base}.{alias.name}"
+                found.add(sub if sub in MODULES else base)
+    return {m for m in found if m in MODULES and m != name}
+
+
+GRAPH = {name: imports_of(name) for name in MODULES}
+
+
+def layer_of(name: str) -> int:
+    for rank, members in enumerate(LAYERS):
+        for member in members:
+            if name == member or (
+                member.endswith(".") and (name + ".").startswith(member)
+            ):
+                return rank
+    raise AssertionError(f"{name} is in no layer of LAYERS: add it there")
+
+
+def test_every_module_has_a_layer():
+    for name in MODULES:
+        layer_of(name)
+
+
+def test_no_import_circle():
+    circles = []
+    state: dict[str, str] = {}
+    stack: list[str] = []
+
+    def visit(name):
+        state[name] = "open"
+        stack.append(name)
+        for dep in sorted(GRAPH[name]):
+            if state.get(dep) == "open":
+                circles.append(stack[stack.index(dep) :] + [dep])
+            elif dep not in state:
+                visit(dep)
+        stack.pop()
+        state[name] = "done"
+
+    for name in sorted(GRAPH):
+        if name not in state:
+            visit(name)
+    assert not circles, "import circles: " + "; ".join(" -> ".join(c) for c in circles)
+
+
+def test_no_import_runs_back_up_the_layers():
+    upward = sorted(
+        f"{name} (layer {layer_of(name)}) imports {dep} (layer {layer_of(dep)})"
+        for name, deps in GRAPH.items()
+        for dep in deps
+        if layer_of(dep) > layer_of(name)
+    )
+    assert not upward, "\n".join(upward)
+
+
+def test_library_code_never_imports_the_command_line():
+    importers = sorted(
+        name
+        for name, deps in GRAPH.items()
+        if any(d == "kerastower.cli" or d.startswith("kerastower.cli.") for d in deps)
+        and not name.startswith("kerastower.cli")
+        and name != "kerastower.__main__"
+    )
+    assert importers == []
+
+
+def private_reads(name: str) -> list[str]:
+    """Underscore attributes `name` reads off anything but itself."""
+    tree = ast.parse(MODULES[name].read_text())
+    found = []
+    for node in ast.walk(tree):
+        attr = None
+        if isinstance(node, ast.Attribute):
+            owner = node.value
+            if isinstance(owner, ast.Name) and owner.id in ("self", "cls"):
+                continue
+            if isinstance(owner, ast.Call) and getattr(owner.func, "id", "") == "super":
+                continue
+            attr, text = node.attr, ast.unparse(node)
+        elif (
+            isinstance(node, ast.Call)
+            and getattr(node.func, "id", "") in ("getattr", "hasattr", "setattr")
+            and len(node.args) >= 2
+            and isinstance(node.args[1], ast.Constant)
+            and isinstance(node.args[1].value, str)
+        ):
+            if getattr(node.args[0], "id", "") in ("self", "cls"):
+                continue
+            attr, text = node.args[1].value, ast.unparse(node)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            for alias in node.names:
+                if f"{node.module}.{alias.name}" in MODULES:
+                    continue  # a private module, imported whole
+                if alias.name.startswith("_") and not alias.name.startswith("__"):
+                    found.append(f"from {node.module} import {alias.name}")
+            continue
+        if attr and attr.startswith("_") and not attr.startswith("__"):
+            if text not in ALLOWED_PRIVATE_READS and attr not in ALLOWED_PRIVATE_READS:
+                found.append(text)
+    return found
+
+
+def test_no_module_reads_another_modules_private_attributes():
+    fenced = [m for m in ALLOWED_PRIVATE_READS if m.endswith(".")]
+    reads = {
+        f"{name}:{read}"
+        for name in MODULES
+        if not any((name + ".").startswith(m) for m in fenced)
+        for read in private_reads(name)
+    }
+    assert sorted(reads) == []
+
+
+@pytest.mark.parametrize(
+    "source, expected",
+    [
+        ("model._gradient_accumulator = None", ["model._gradient_accumulator"]),
+        (
+            'getattr(model, "_shown_warnings", ())',
+            ["getattr(model, '_shown_warnings', ())"],
+        ),
+        ("from kerastower.cli import _parser", ["from kerastower.cli import _parser"]),
+        ("self._own = 1\nsuper()._hook()\nos._exit(1)", []),
+    ],
+)
+def test_the_private_read_check_can_fail(tmp_path, monkeypatch, source, expected):
+    path = tmp_path / "probe.py"
+    path.write_text(source)
+    monkeypatch.setitem(MODULES, "probe", path)
+    assert private_reads("probe") == expected
+
+
+def test_the_circle_and_layer_checks_can_fail(monkeypatch):
+    # The circle the package had: cli -> demo -> model -> multi_worker -> cli.
+    monkeypatch.setitem(GRAPH, "kerastower.multi_worker", {"kerastower.cli.command"})
+    with pytest.raises(AssertionError, match="multi_worker"):
+        test_no_import_runs_back_up_the_layers()
+    with pytest.raises(AssertionError):
+        test_library_code_never_imports_the_command_line()
+    monkeypatch.setitem(GRAPH, "kerastower.cli.command", {"kerastower.multi_worker"})
+    with pytest.raises(AssertionError, match="import circles"):
+        test_no_import_circle()
+
+
+def test_modules_stay_under_about_400_lines():
+    long = {
+        name: n
+        for name, path in MODULES.items()
+        if (n := len(path.read_text().splitlines())) > 420
+    }
+    assert long == {}

@@ -21,6 +21,8 @@ import tensorflow as tf
 from kerastower import _keras_compat, cluster
 
 DEFAULT_TIMEOUT_SECONDS = 600.0
+"""Seconds a collective operation waits for the other workers, unless
+`worker_strategy(timeout_seconds=...)` sets another."""
 _STRATEGY: tf.distribute.Strategy | None = None
 _TIMEOUT_SECONDS = DEFAULT_TIMEOUT_SECONDS
 
@@ -36,10 +38,10 @@ def prepare_workers() -> bool:
     script first starts it (a layer, a tensor, a data set), starts as this
     cluster worker. It changes nothing else and does not connect yet.
 
+    A malformed `TF_CONFIG` is left for `worker_strategy` to report.
+
     Returns:
         Whether the process was prepared.
-
-    A malformed `TF_CONFIG` is left for `worker_strategy` to report.
     """
     try:
         config = cluster.tf_config()
@@ -118,5 +120,10 @@ def worker_strategy(
 
 
 def timeout() -> float:
-    """How long a collective operation may wait for the other workers."""
+    """How long a collective operation may wait for the other workers.
+
+    Returns:
+        The timeout in seconds: the first `worker_strategy` call's, else
+        `DEFAULT_TIMEOUT_SECONDS`.
+    """
     return _TIMEOUT_SECONDS

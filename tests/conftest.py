@@ -18,11 +18,7 @@ assert len(tf.config.list_logical_devices("CPU")) == NUM_DEVICES
 @pytest.fixture
 def float64():
     """Builds the test's models in float64 (floatx and the dtype policy)."""
-    import keras
+    from oracle import float64 as in_float64
 
-    floatx, policy = keras.config.floatx(), keras.config.dtype_policy()
-    keras.config.set_floatx("float64")
-    keras.config.set_dtype_policy("float64")
-    yield
-    keras.config.set_floatx(floatx)
-    keras.config.set_dtype_policy(policy)
+    with in_float64():
+        yield

@@ -1,11 +1,18 @@
-"""A plain one-device `keras.Model` as the reference for tower training."""
+"""A plain one-device `keras.Model` as the reference for tower training.
+
+The models, data, comparisons and training runs that the tests share.
+"""
 
 from __future__ import annotations
 
+import contextlib
+
 import keras
 import numpy as np
+import tensorflow as tf
 
 import kerastower
+from kerastower.callbacks import GradientAccumulation
 
 
 def twin(build, towers, **tower_kwargs):
@@ -17,6 +24,7 @@ def twin(build, towers, **tower_kwargs):
 
 
 def max_weight_diff(a: keras.Model, b: keras.Model) -> float:
+    """The largest absolute difference between the two models' weights."""
     return max(
         float(np.max(np.abs(u - v))) if u.size else 0.0
         for u, v in zip(a.get_weights(), b.get_weights(), strict=True)
@@ -37,17 +45,155 @@ def assert_close(actual, expected, rtol=RTOL, atol=ATOL, err_msg=""):
 
 
 def assert_same_weights(a, b, rtol=RTOL, atol=ATOL):
+    """Every weight of `a` is close to `b`'s."""
     for u, v in zip(a.get_weights(), b.get_weights(), strict=True):
         assert_close(u, v, rtol=rtol, atol=atol)
 
 
 def assert_same_history(ha: dict, hb: dict, rtol=RTOL, atol=ATOL):
+    """Two `History.history` dicts have the same keys and close values."""
     assert sorted(ha) == sorted(hb)
     for key in ha:
         assert_close(ha[key], hb[key], rtol=rtol, atol=atol, err_msg=key)
 
 
+def fit_twins(build, x, y, compile_kwargs, towers=3, tower_kwargs=None, **fit):
+    """Trains a plain model on one device and a TowerModel from the same weights.
+
+    Args:
+        build: A function that returns a new, uncompiled `keras.Model`.
+        x: The inputs, as `fit` takes them.
+        y: The targets, as `fit` takes them (`None` for a dataset).
+        compile_kwargs: A function that returns `compile`'s arguments. It is
+            called once per model, so that each gets its own optimizer and
+            metrics.
+        towers: int, the TowerModel's number of towers. Defaults to 3.
+        tower_kwargs: dict, more arguments for `TowerModel.from_model`.
+            Defaults to none.
+        **fit: `fit`'s other arguments (the batch size is global);
+            ``shuffle=False`` and ``verbose=0`` unless given.
+
+    Returns:
+        ``(plain, towered, (plain_history, towered_history))``, the histories
+        as `History.history` dicts.
+    """
+    plain, towered = twin(build, towers, **(tower_kwargs or {}))
+    fit = dict(shuffle=False, verbose=0) | fit
+    histories = []
+    for model in (plain, towered):
+        model.compile(**compile_kwargs())
+        histories.append(model.fit(x, y, **fit).history)
+    return plain, towered, tuple(histories)
+
+
+def fit_and_compare(
+    build,
+    x,
+    y,
+    compile_kwargs,
+    towers=3,
+    evaluate=True,
+    rtol=RTOL,
+    atol=ATOL,
+    **fit,
+):
+    """`fit_twins`, then asserts that the towers trained the one-device model.
+
+    Compares the histories and the weights and, with `evaluate`, what
+    `evaluate` and `predict` return after training on `x` in batches of
+    `fit`'s batch size.
+
+    Args:
+        build, x, y, compile_kwargs, towers, **fit: As `fit_twins` takes them.
+        evaluate: bool, whether to compare `evaluate` and `predict` too.
+            Defaults to `True`.
+        rtol: float, the relative tolerance. Defaults to `RTOL`.
+        atol: float, the absolute tolerance. Defaults to `ATOL`.
+
+    Returns:
+        ``(plain, towered, (plain_history, towered_history))``.
+    """
+    plain, towered, histories = fit_twins(
+        build, x, y, compile_kwargs, towers=towers, **fit
+    )
+    assert_same_history(*histories, atol=atol, rtol=rtol)
+    assert_same_weights(plain, towered, atol=atol, rtol=rtol)
+    if evaluate:
+        batch = fit.get("batch_size", 32)
+        a = plain.evaluate(x, y, batch_size=batch, verbose=0, return_dict=True)
+        b = towered.evaluate(x, y, batch_size=batch, verbose=0, return_dict=True)
+        assert a.keys() == b.keys()
+        for key in a:
+            assert_close(b[key], a[key], atol=atol, rtol=rtol, err_msg=key)
+        expected = tf.nest.flatten(plain.predict(x, batch_size=batch, verbose=0))
+        got = tf.nest.flatten(towered.predict(x, batch_size=batch, verbose=0))
+        assert len(got) == len(expected)
+        for g, e in zip(got, expected, strict=True):
+            assert_close(g, e, atol=atol, rtol=rtol)
+    return plain, towered, histories
+
+
+def fit_accumulated_and_plain(
+    plain, towered, x, y, steps, batch_size, epochs=2, callbacks=()
+):
+    """Fits one device on big batches and the towers on accumulated micro-batches.
+
+    `plain` trains on batches of ``steps * batch_size`` examples; `towered`
+    on micro-batches of `batch_size` with ``GradientAccumulation(steps)``,
+    which should give the same updates. Both models must be compiled.
+
+    Args:
+        plain: The compiled one-device `keras.Model`.
+        towered: The compiled TowerModel, with `plain`'s initial weights.
+        x: The inputs, an array.
+        y: The targets, an array.
+        steps: int, the micro-batches per update.
+        batch_size: int, the global micro-batch size.
+        epochs: int, the epochs of both fits. Defaults to 2.
+        callbacks: More callbacks for `towered`'s fit. Defaults to none.
+
+    Returns:
+        ``(plain_history, towered_history)`` as `History.history` dicts.
+    """
+    fit = dict(epochs=epochs, shuffle=False, verbose=0)
+    big = plain.fit(x, y, batch_size=steps * batch_size, **fit)
+    accumulated = towered.fit(
+        x,
+        y,
+        batch_size=batch_size,
+        callbacks=[GradientAccumulation(steps), *callbacks],
+        **fit,
+    )
+    return big.history, accumulated.history
+
+
+class Crash(keras.callbacks.Callback):
+    """Raises ``RuntimeError("simulated crash")`` as epoch `at` (0-based) begins."""
+
+    def __init__(self, at: int):
+        super().__init__()
+        self.at = at
+
+    def on_epoch_begin(self, epoch, logs=None):
+        if epoch == self.at:
+            raise RuntimeError("simulated crash")
+
+
+@contextlib.contextmanager
+def float64():
+    """Builds the models made in the block in float64 (floatx and dtype policy)."""
+    floatx, policy = keras.config.floatx(), keras.config.dtype_policy()
+    keras.config.set_floatx("float64")
+    keras.config.set_dtype_policy("float64")
+    try:
+        yield
+    finally:
+        keras.config.set_floatx(floatx)
+        keras.config.set_dtype_policy(policy)
+
+
 def mlp(inputs=5, hidden=7, outputs=1, seed=0, **dense_kwargs):
+    """A two-layer perceptron, its weights drawn from `seed`."""
     keras.utils.set_random_seed(seed)
     x = keras.Input((inputs,))
     h = keras.layers.Dense(hidden, activation="tanh", **dense_kwargs)(x)
@@ -56,10 +202,22 @@ def mlp(inputs=5, hidden=7, outputs=1, seed=0, **dense_kwargs):
 
 
 def regression_data(n=23, inputs=5, outputs=1, seed=0):
+    """`n` normal float32 inputs and targets."""
     rng = np.random.default_rng(seed)
     x = rng.normal(size=(n, inputs)).astype("float32")
     y = rng.normal(size=(n, outputs)).astype("float32")
     return x, y
+
+
+def padded_sequences(rng: np.random.Generator, n=22, length=7):
+    """Token ids padded with 0 after a random length, and per-token tags 0-2.
+
+    Rows hold very different numbers of tokens, and so do the towers.
+    """
+    x = rng.integers(1, 20, size=(n, length))
+    for row in range(n):
+        x[row, rng.integers(1, length) :] = 0
+    return x, rng.integers(0, 3, size=(n, length))
 
 
 class TokenAndPosition(keras.layers.Layer):
@@ -76,6 +234,7 @@ class TokenAndPosition(keras.layers.Layer):
 
 
 def token_position_model():
+    """Six token ids to one number through `TokenAndPosition` (sparse gradients)."""
     keras.utils.set_random_seed(0)
     inputs = keras.Input((6,), dtype="int32")
     h = TokenAndPosition()(inputs)

@@ -10,6 +10,8 @@ from oracle import (
     assert_close,
     assert_same_history,
     assert_same_weights,
+    fit_and_compare,
+    fit_twins,
     mlp,
     regression_data,
     twin,
@@ -18,80 +20,61 @@ from oracle import (
 import kerastower
 
 
-def fit_both(plain, towered, x, y, compile_kwargs, **fit_kwargs):
-    histories = []
-    for model in (plain, towered):
-        kwargs = dict(compile_kwargs)
-        kwargs["optimizer"] = keras.optimizers.get(
-            keras.optimizers.serialize(compile_kwargs["optimizer"])
-        )
-        model.compile(**kwargs)
-        fit_kwargs.setdefault("verbose", 0)
-        fit_kwargs.setdefault("shuffle", False)
-        histories.append(model.fit(x, y, **fit_kwargs).history)
-    return histories
-
-
 @pytest.mark.parametrize("towers", [2, 3, 4])
 @pytest.mark.parametrize("batch_size", [1, 5, 8, 10])
 def test_fit_matches_one_device_for_any_batch_size(towers, batch_size):
     x, y = regression_data(n=23)
-    plain, towered = twin(mlp, towers)
-    ha, hb = fit_both(
-        plain,
-        towered,
+    fit_and_compare(
+        mlp,
         x,
         y,
-        dict(optimizer=keras.optimizers.SGD(0.05), loss="mse", metrics=["mae"]),
+        lambda: dict(optimizer=keras.optimizers.SGD(0.05), loss="mse", metrics=["mae"]),
+        towers=towers,
+        evaluate=False,
         batch_size=batch_size,
         epochs=2,
     )
-    assert_same_history(ha, hb)
-    assert_same_weights(plain, towered)
 
 
 @pytest.mark.parametrize(
     "optimizer",
     [
-        keras.optimizers.SGD(0.05, momentum=0.9),
-        keras.optimizers.Adam(0.01),
-        keras.optimizers.AdamW(0.01, weight_decay=0.1),
-        keras.optimizers.RMSprop(0.01),
-        keras.optimizers.Adam(0.05, clipnorm=0.1),
-        keras.optimizers.SGD(0.5, global_clipnorm=0.05),
+        lambda: keras.optimizers.SGD(0.05, momentum=0.9),
+        lambda: keras.optimizers.Adam(0.01),
+        lambda: keras.optimizers.AdamW(0.01, weight_decay=0.1),
+        lambda: keras.optimizers.RMSprop(0.01),
+        lambda: keras.optimizers.Adam(0.05, clipnorm=0.1),
+        lambda: keras.optimizers.SGD(0.5, global_clipnorm=0.05),
     ],
     ids=["momentum", "adam", "adamw", "rmsprop", "clipnorm", "global_clipnorm"],
 )
 def test_stateful_optimizers_and_clipping_act_on_the_all_reduced_gradient(optimizer):
     x, y = regression_data(n=21)
-    plain, towered = twin(mlp, 3)
-    ha, hb = fit_both(
-        plain,
-        towered,
+    fit_and_compare(
+        mlp,
         x,
         y,
-        dict(optimizer=optimizer, loss="mse"),
+        lambda: dict(optimizer=optimizer(), loss="mse"),
+        evaluate=False,
         batch_size=8,
         epochs=3,
     )
-    assert_same_history(ha, hb)
-    assert_same_weights(plain, towered)
 
 
 def test_one_example_on_four_towers_leaves_three_towers_empty():
     x, y = regression_data(n=3)
-    plain, towered = twin(mlp, 4)
-    ha, hb = fit_both(
-        plain,
-        towered,
+    fit_and_compare(
+        mlp,
         x,
         y,
-        dict(optimizer=keras.optimizers.Adam(0.01), loss="mse", metrics=["mae"]),
+        lambda: dict(
+            optimizer=keras.optimizers.Adam(0.01), loss="mse", metrics=["mae"]
+        ),
+        towers=4,
+        evaluate=False,
         batch_size=1,
         epochs=2,
     )
-    assert_same_history(ha, hb)
-    assert_same_weights(plain, towered)
 
 
 def test_regularization_losses_are_counted_once():
@@ -107,18 +90,15 @@ def test_regularization_losses_are_counted_once():
         )(inputs)
         return keras.Model(inputs, keras.layers.Dense(1)(h))
 
-    plain, towered = twin(build, 3)
-    ha, hb = fit_both(
-        plain,
-        towered,
+    fit_and_compare(
+        build,
         x,
         y,
-        dict(optimizer=keras.optimizers.SGD(0.05), loss="mse"),
+        lambda: dict(optimizer=keras.optimizers.SGD(0.05), loss="mse"),
+        evaluate=False,
         batch_size=7,
         epochs=2,
     )
-    assert_same_history(ha, hb)
-    assert_same_weights(plain, towered)
 
 
 def test_sample_weight_and_class_weight():
@@ -132,39 +112,35 @@ def test_sample_weight_and_class_weight():
         inputs = keras.Input((4,))
         return keras.Model(inputs, keras.layers.Dense(3, activation="softmax")(inputs))
 
-    compile_kwargs = dict(
-        optimizer=keras.optimizers.Adam(0.02),
-        loss="sparse_categorical_crossentropy",
-        metrics=["accuracy"],
-        weighted_metrics=["accuracy"],
-    )
-    plain, towered = twin(build, 4)
-    ha, hb = fit_both(
-        plain,
-        towered,
+    def compile_kwargs():
+        return dict(
+            optimizer=keras.optimizers.Adam(0.02),
+            loss="sparse_categorical_crossentropy",
+            metrics=["accuracy"],
+            weighted_metrics=["accuracy"],
+        )
+
+    fit_and_compare(
+        build,
         x,
         labels,
         compile_kwargs,
+        towers=4,
+        evaluate=False,
         sample_weight=weights,
         batch_size=9,
         epochs=2,
     )
-    assert_same_history(ha, hb)
-    assert_same_weights(plain, towered)
-
-    plain, towered = twin(build, 3)
-    ha, hb = fit_both(
-        plain,
-        towered,
+    fit_and_compare(
+        build,
         x,
         labels,
         compile_kwargs,
+        evaluate=False,
         class_weight={0: 1.0, 1: 3.0, 2: 0.5},
         batch_size=10,
         epochs=2,
     )
-    assert_same_history(ha, hb)
-    assert_same_weights(plain, towered)
 
 
 def test_multi_input_multi_output_with_dict_losses_and_loss_weights():
@@ -183,24 +159,21 @@ def test_multi_input_multi_output_with_dict_losses_and_loss_weights():
         out_c = keras.layers.Dense(1, activation="sigmoid", name="cls")(h)
         return keras.Model({"a": a, "b": b}, {"reg": out_r, "cls": out_c})
 
-    plain, towered = twin(build, 3)
-    ha, hb = fit_both(
-        plain,
-        towered,
+    plain, towered, (_, hb) = fit_and_compare(
+        build,
         {"a": xa, "b": xb},
         {"reg": ya, "cls": yb},
-        dict(
+        lambda: dict(
             optimizer=keras.optimizers.Adam(0.01),
             loss={"reg": "mse", "cls": "binary_crossentropy"},
             loss_weights={"reg": 0.3, "cls": 2.0},
             metrics={"cls": ["accuracy"], "reg": ["mae"]},
         ),
+        evaluate=False,
         batch_size=5,
         epochs=2,
     )
     assert "reg_loss" in hb and "cls_accuracy" in hb
-    assert_same_history(ha, hb)
-    assert_same_weights(plain, towered)
     pa = plain.predict({"a": xa, "b": xb}, batch_size=4, verbose=0)
     pb = towered.predict({"a": xa, "b": xb}, batch_size=4, verbose=0)
     for key in pa:
@@ -253,18 +226,16 @@ def test_batch_normalization_is_synchronised_by_default(towers):
         h = keras.layers.BatchNormalization()(h)
         return keras.Model(inputs, keras.layers.Dense(1)(keras.layers.ReLU()(h)))
 
-    plain, towered = twin(build, towers)
-    ha, hb = fit_both(
-        plain,
-        towered,
+    _, towered, _ = fit_and_compare(
+        build,
         x,
         y,
-        dict(optimizer=keras.optimizers.SGD(0.05), loss="mse"),
+        lambda: dict(optimizer=keras.optimizers.SGD(0.05), loss="mse"),
+        towers=towers,
+        evaluate=False,
         batch_size=9,
         epochs=2,
     )
-    assert_same_history(ha, hb)
-    assert_same_weights(plain, towered)
     bn = [layer for layer in towered.layers if "batch_normalization" in layer.name]
     assert bn[0].synchronized is False  # the layer's own setting is restored
 
@@ -278,13 +249,13 @@ def test_batch_normalization_opt_out_uses_per_tower_statistics():
         h = keras.layers.BatchNormalization()(keras.layers.Dense(6)(inputs))
         return keras.Model(inputs, keras.layers.Dense(1)(h))
 
-    plain, towered = twin(build, 2, sync_batch_norm=False)
-    fit_both(
-        plain,
-        towered,
+    plain, towered, _ = fit_twins(
+        build,
         x,
         y,
-        dict(optimizer=keras.optimizers.SGD(0.1), loss="mse"),
+        lambda: dict(optimizer=keras.optimizers.SGD(0.1), loss="mse"),
+        towers=2,
+        tower_kwargs=dict(sync_batch_norm=False),
         batch_size=8,
         epochs=1,
     )
@@ -326,10 +297,7 @@ def test_predict_preserves_values_and_order_for_arrays_and_datasets():
 )
 def test_input_kinds_and_options(data_kind):
     x, y = regression_data(n=24)
-    plain, towered = twin(mlp, 3)
-    compile_kwargs = dict(
-        optimizer=keras.optimizers.Adam(0.01), loss="mse", metrics=["mae"]
-    )
+    compile_kwargs = dict(loss="mse", metrics=["mae"])
     fit_kwargs = dict(epochs=2)
     data = (x, y)
     if data_kind == "dataset":
@@ -352,25 +320,29 @@ def test_input_kinds_and_options(data_kind):
     else:
         compile_kwargs["steps_per_execution"] = 3
         fit_kwargs.update(batch_size=5, validation_data=(x, y))
-    ha, hb = fit_both(plain, towered, data[0], data[1], compile_kwargs, **fit_kwargs)
-    assert_same_history(ha, hb)
-    assert_same_weights(plain, towered)
+    fit_and_compare(
+        mlp,
+        *data,
+        lambda: dict(optimizer=keras.optimizers.Adam(0.01), **compile_kwargs),
+        evaluate=False,
+        **fit_kwargs,
+    )
 
 
 def test_jit_compile():
     x, y = regression_data(n=20)
-    plain, towered = twin(mlp, 2)
-    ha, hb = fit_both(
-        plain,
-        towered,
+    fit_and_compare(
+        mlp,
         x,
         y,
-        dict(optimizer=keras.optimizers.SGD(0.05), loss="mse", jit_compile=True),
+        lambda: dict(
+            optimizer=keras.optimizers.SGD(0.05), loss="mse", jit_compile=True
+        ),
+        towers=2,
+        evaluate=False,
         batch_size=6,
         epochs=2,
     )
-    assert_same_history(ha, hb)
-    assert_same_weights(plain, towered)
 
 
 @pytest.mark.parametrize(
@@ -438,21 +410,19 @@ def test_sum_reduced_losses_add_up_unweighted(towers):
             inputs, {"a": keras.layers.Dense(1)(h), "b": keras.layers.Dense(1)(h)}
         )
 
-    plain, towered = twin(build, towers)
-    ha, hb = fit_both(
-        plain,
-        towered,
+    fit_and_compare(
+        build,
         x,
         {"a": ya, "b": yb},
-        dict(
+        lambda: dict(
             optimizer=keras.optimizers.SGD(0.01),
             loss={
                 "a": keras.losses.MeanSquaredError(reduction="sum"),
                 "b": keras.losses.MeanAbsoluteError(),
             },
         ),
+        towers=towers,
+        evaluate=False,
         batch_size=5,
         epochs=2,
     )
-    assert_same_history(ha, hb)
-    assert_same_weights(plain, towered)

@@ -12,11 +12,11 @@ import numpy as np
 import pytest
 import tensorflow as tf
 from oracle import (
-    ATOL,
-    RTOL,
     assert_close,
     assert_same_history,
     assert_same_weights,
+    fit_and_compare,
+    padded_sequences,
     token_position_model,
     twin,
 )
@@ -26,42 +26,6 @@ from kerastower import _keras_compat
 from kerastower.reduce.gradients import sum_gradients
 
 RNG = np.random.default_rng(0)
-
-
-def fit_and_compare(
-    build,
-    x,
-    y,
-    compile_kwargs,
-    towers=3,
-    sample_weight=None,
-    atol=ATOL,
-    rtol=RTOL,
-    **fit,
-):
-    plain, towered = twin(build, towers)
-    histories = []
-    for model in (plain, towered):
-        model.compile(**compile_kwargs())
-        histories.append(
-            model.fit(
-                x, y, sample_weight=sample_weight, shuffle=False, verbose=0, **fit
-            ).history
-        )
-    assert_same_history(*histories, atol=atol, rtol=rtol)
-    assert_same_weights(plain, towered, atol=atol, rtol=rtol)
-    batch = fit.get("batch_size", 32)
-    a = plain.evaluate(x, y, batch_size=batch, verbose=0, return_dict=True)
-    b = towered.evaluate(x, y, batch_size=batch, verbose=0, return_dict=True)
-    assert a.keys() == b.keys()
-    for key in a:
-        assert_close(b[key], a[key], atol=atol, rtol=rtol, err_msg=key)
-    expected = tf.nest.flatten(plain.predict(x, batch_size=batch, verbose=0))
-    got = tf.nest.flatten(towered.predict(x, batch_size=batch, verbose=0))
-    assert len(got) == len(expected)
-    for g, e in zip(got, expected):
-        assert_close(g, e, atol=atol, rtol=rtol)
-    return plain, towered
 
 
 TOKENS = RNG.integers(0, 5, size=(22, 6))  # few tokens: many duplicates
@@ -167,14 +131,7 @@ def tagger(mask_zero=True, recurrent=True):
     return build
 
 
-def padded_sequences(n=22, length=7):
-    x = RNG.integers(1, 20, size=(n, length))
-    for row in range(n):  # towers hold very different numbers of tokens
-        x[row, RNG.integers(1, length) :] = 0
-    return x, RNG.integers(0, 3, size=(n, length))
-
-
-SEQUENCES, TAGS = padded_sequences()
+SEQUENCES, TAGS = padded_sequences(RNG)
 
 
 @pytest.mark.parametrize("recurrent", [True, False], ids=["lstm", "dense"])
@@ -316,7 +273,7 @@ def test_a_changed_keras_reduction_is_an_error_not_a_model(monkeypatch):
     monkeypatch.setattr(loss_module, "reduce_weighted_values", changed)
     _keras_compat.check_reductions.cache_clear()
     try:
-        x, y = padded_sequences(6)
+        x, y = padded_sequences(RNG, 6)
         model = kerastower.TowerModel.from_model(tagger()(), towers=2)
         model.compile(
             optimizer="sgd", loss=keras.losses.SparseCategoricalCrossentropy()

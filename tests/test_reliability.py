@@ -31,7 +31,14 @@ import numpy as np
 import pytest
 import tensorflow as tf
 from keras.src.saving import saving_lib
-from oracle import assert_close, assert_same_weights, mlp, regression_data, twin
+from oracle import (
+    Crash,
+    assert_close,
+    assert_same_weights,
+    mlp,
+    regression_data,
+    twin,
+)
 
 from kerastower.callbacks import ChiefCheckpoint, GradientAccumulation
 
@@ -195,16 +202,6 @@ def test_backup_and_restore_unwritable_directory_fails_at_the_first_save(tmp_pat
     assert_same_weights(model, plain)
 
 
-class Crash(keras.callbacks.Callback):
-    def __init__(self, at):
-        super().__init__()
-        self.at = at
-
-    def on_epoch_begin(self, epoch, logs=None):
-        if epoch == self.at:
-            raise RuntimeError("simulated crash")
-
-
 @pytest.mark.parametrize("double_checkpoint", [False, True])
 def test_backup_and_restore_on_a_full_disk(tmp_path, disk, double_checkpoint):
     """`BackupAndRestore` writes its weights file in place.
@@ -309,11 +306,14 @@ def accumulation_run(tmp_path, epochs=4):
     return model, callbacks
 
 
-def test_nan_micro_batch_does_not_poison_windows_after_resume(tmp_path):
-    # Epoch 2, micro-batch 3: the second half of the second window.
-    model, callbacks = accumulation_run(tmp_path)
+def fit_with_a_nan_micro_batch(model, callbacks):
+    """Fits 4 epochs whose epoch 2 has a NaN micro-batch 3.
+
+    With `accumulation_run`'s windows of 2, it is the second half of the
+    epoch's second window.
+    """
     data = batches(X, Y, poison_epoch=2, poison_batch=3).batch(4)
-    history = model.fit(
+    return model.fit(
         data,
         epochs=4,
         steps_per_epoch=STEPS,
@@ -321,6 +321,11 @@ def test_nan_micro_batch_does_not_poison_windows_after_resume(tmp_path):
         verbose=0,
         shuffle=False,
     )
+
+
+def test_nan_micro_batch_does_not_poison_windows_after_resume(tmp_path):
+    model, callbacks = accumulation_run(tmp_path)
+    history = fit_with_a_nan_micro_batch(model, callbacks)
     assert history.epoch == [0, 1, 2] and np.isnan(history.history["loss"][-1])
     assert not all(np.isfinite(w).all() for w in model.get_weights())
     # The failed epoch is not saved: the last checkpoint is the good 02.keras.
@@ -345,15 +350,7 @@ def test_rerun_after_a_nan_stop_resumes_from_the_last_good_checkpoint(
     model, callbacks = accumulation_run(tmp_path)
     if not accumulate:
         callbacks = [callbacks[0], callbacks[3]]
-    data = batches(X, Y, poison_epoch=2, poison_batch=3).batch(4)
-    model.fit(
-        data,
-        epochs=4,
-        steps_per_epoch=STEPS,
-        callbacks=callbacks,
-        verbose=0,
-        shuffle=False,
-    )
+    fit_with_a_nan_micro_batch(model, callbacks)
     # The user fixes the data and runs the same command again.
     fresh, fresh_callbacks = accumulation_run(tmp_path)
     if not accumulate:

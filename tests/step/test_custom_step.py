@@ -19,7 +19,7 @@ from oracle import assert_close, regression_data
 import kerastower
 import kerastower.step.tower_step
 
-EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 sys.path.insert(0, str(EXAMPLES))
 import dcgan_towers as dcgan  # noqa: E402
 

@@ -7,6 +7,7 @@ import tensorflow as tf
 from oracle import (
     assert_same_history,
     assert_same_weights,
+    fit_accumulated_and_plain,
     mlp,
     regression_data,
     token_position_model,
@@ -15,7 +16,6 @@ from oracle import (
 
 import kerastower
 from kerastower.callbacks import GradientAccumulation
-from kerastower.reduce.accumulation import steps_for_epoch, validate_steps
 
 OPTIMIZERS = {
     "sgd": lambda: keras.optimizers.SGD(0.1),
@@ -33,17 +33,8 @@ def test_accumulation_matches_one_device_with_the_bigger_batch(
     plain, towered = twin(mlp, towers)
     plain.compile(optimizer=OPTIMIZERS[optimizer](), loss="mse", metrics=["mae"])
     towered.compile(optimizer=OPTIMIZERS[optimizer](), loss="mse", metrics=["mae"])
-    ha = plain.fit(x, y, batch_size=steps * micro, epochs=2, shuffle=False, verbose=0)
-    hb = towered.fit(
-        x,
-        y,
-        batch_size=micro,
-        epochs=2,
-        shuffle=False,
-        verbose=0,
-        callbacks=[GradientAccumulation(steps)],
-    )
-    assert_same_history(ha.history, hb.history)
+    ha, hb = fit_accumulated_and_plain(plain, towered, x, y, steps, micro)
+    assert_same_history(ha, hb)
     assert_same_weights(plain, towered)
     assert int(towered.optimizer.iterations) == int(plain.optimizer.iterations)
 
@@ -88,16 +79,7 @@ def test_learning_rate_schedule_and_weight_decay_act_once_per_update():
             optimizer=keras.optimizers.AdamW(schedule, weight_decay=0.2, clipnorm=0.5),
             loss="mse",
         )
-    plain.fit(x, y, batch_size=12, epochs=2, shuffle=False, verbose=0)
-    towered.fit(
-        x,
-        y,
-        batch_size=4,
-        epochs=2,
-        shuffle=False,
-        verbose=0,
-        callbacks=[GradientAccumulation(3)],
-    )
+    fit_accumulated_and_plain(plain, towered, x, y, steps=3, batch_size=4)
     assert_same_weights(plain, towered)
     assert int(towered.optimizer.iterations) == 4
 
@@ -107,16 +89,8 @@ def test_epoch_shorter_than_k_still_updates():
     plain, towered = twin(mlp, 2)
     for model in (plain, towered):
         model.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
-    plain.fit(x, y, batch_size=6, epochs=2, shuffle=False, verbose=0)
-    towered.fit(
-        x,
-        y,
-        batch_size=2,
-        epochs=2,
-        shuffle=False,
-        verbose=0,
-        callbacks=[GradientAccumulation(8)],
-    )
+    # Batches of 8 * 2 = 16 hold all 6 examples: one step an epoch on one device.
+    fit_accumulated_and_plain(plain, towered, x, y, steps=8, batch_size=2)
     assert_same_weights(plain, towered)
 
 
@@ -159,13 +133,6 @@ def test_schedule_changes_steps_by_epoch():
         callbacks=[GradientAccumulation({1: 3})],
     )
     assert_same_weights(plain, towered)
-
-
-def test_pure_schedule_helpers():
-    assert validate_steps(4) == {0: 4}
-    assert validate_steps({2: 4}) == {0: 1, 2: 4}
-    schedule = validate_steps({0: 2, 3: 8})
-    assert [steps_for_epoch(schedule, e) for e in range(5)] == [2, 2, 2, 8, 8]
 
 
 @pytest.mark.parametrize("steps", [0, -3, 1.5, "4", True, {}, {-1: 2}, {0: 0}])
@@ -218,9 +185,7 @@ def test_a_train_step_that_calls_super_is_accumulated():
     model = SuperStep.from_model(towered, towers=2)
     plain.compile(optimizer="sgd", loss="mse")
     model.compile(optimizer="sgd", loss="mse")
-    plain.fit(x, y, batch_size=8, shuffle=False, verbose=0)
-    accumulate = GradientAccumulation(2)
-    model.fit(x, y, batch_size=4, shuffle=False, verbose=0, callbacks=[accumulate])
+    fit_accumulated_and_plain(plain, model, x, y, steps=2, batch_size=4, epochs=1)
     assert_same_weights(plain, model)
 
 
@@ -273,17 +238,8 @@ def test_sparse_gradients_keep_one_devices_rows(towers, run_eagerly, optimizer):
     plain, towered = twin(token_position_model, towers)
     plain.compile(optimizer=optimizer(), loss="mse")
     towered.compile(optimizer=optimizer(), loss="mse", run_eagerly=run_eagerly)
-    ha = plain.fit(x, y, batch_size=9, epochs=2, shuffle=False, verbose=0)
-    hb = towered.fit(
-        x,
-        y,
-        batch_size=3,
-        epochs=2,
-        shuffle=False,
-        verbose=0,
-        callbacks=[GradientAccumulation(3)],
-    )
-    assert_same_history(ha.history, hb.history)
+    ha, hb = fit_accumulated_and_plain(plain, towered, x, y, steps=3, batch_size=3)
+    assert_same_history(ha, hb)
     assert_same_weights(plain, towered)
 
 
@@ -338,15 +294,8 @@ def test_sparse_gradients_get_no_dense_copy_of_their_table(towers, replicate):
     record = keras.callbacks.LambdaCallback(
         on_epoch_end=lambda epoch, logs: seen.append(towered.gradient_accumulator)
     )
-    plain.fit(x, y, batch_size=6, epochs=2, shuffle=False, verbose=0)
-    towered.fit(
-        x,
-        y,
-        batch_size=3,
-        epochs=2,
-        shuffle=False,
-        verbose=0,
-        callbacks=[GradientAccumulation(2), record],
+    fit_accumulated_and_plain(
+        plain, towered, x, y, steps=2, batch_size=3, callbacks=[record]
     )
     assert_same_weights(plain, towered)
     accumulator = seen[-1]

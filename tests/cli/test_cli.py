@@ -12,7 +12,7 @@ from kerastower import _startup
 from kerastower.cli import command as cli
 from kerastower.cli.demo import DemoResult, format_report
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def run(*args, timeout=240):

@@ -21,7 +21,7 @@ from kerastower import launch
 from kerastower.cli import command as cli
 from kerastower.cli import launch_command
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 # Writes what the worker received to <out>/worker<i>.json.
 ENV_SCRIPT = """

@@ -11,7 +11,7 @@ import os
 import keras
 import numpy as np
 import pytest
-from oracle import assert_same_weights, mlp, regression_data
+from oracle import Crash, assert_same_weights, mlp, regression_data
 
 import kerastower
 from kerastower.callbacks import (
@@ -39,18 +39,6 @@ def loaded(path, seed):
     model.optimizer.build(model.trainable_variables)
     model.load_weights(str(path))
     return model
-
-
-class Crash(keras.callbacks.Callback):
-    """Kills `fit` at the start of epoch `at` (0-based)."""
-
-    def __init__(self, at):
-        super().__init__()
-        self.at = at
-
-    def on_epoch_begin(self, epoch, logs=None):
-        if epoch == self.at:
-            raise RuntimeError("simulated crash")
 
 
 def files(directory):

@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 from oracle import assert_close
 
-SCRIPT = Path(__file__).resolve().parent / "workers" / "resumable.py"
+SCRIPT = Path(__file__).resolve().parents[1] / "workers" / "resumable.py"
 ENV = {"TF_CPP_MIN_LOG_LEVEL": "2"}
 
 

@@ -30,7 +30,7 @@ different branches still meet.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import tensorflow as tf
 
@@ -38,7 +38,58 @@ from kerastower.reduce import keys
 
 
 def sum_over_towers(values: Sequence[tf.Tensor]) -> list[tf.Tensor]:
-    """Sums tensors over the towers of this step (identity outside towers)."""
+    """Sums tensors over the towers of this step (identity outside towers).
+
+    Differentiable: the gradient of each tower's value is the sum of the
+    upstream gradients over the towers (see `self_adjoint`).
+    """
+    return self_adjoint(values, _all_reduce)
+
+
+def self_adjoint(
+    values: Sequence[tf.Tensor],
+    total: Callable[[list[tf.Tensor]], list[tf.Tensor]],
+) -> list[tf.Tensor]:
+    """``total(values)``, a sum over towers, with a sum's gradient.
+
+    A sum over every tower is its own adjoint: the gradient of each tower's
+    value is `total` of the towers' upstream gradients. `total` runs on
+    values that carry no gradient; the result is attached to `values` by a
+    `tf.custom_gradient` whose outputs are copies of `total`'s. In a traced
+    step `tf.custom_gradient` searches every op between its outputs and its
+    inputs for variables: here that search ends at once, where a sum taken
+    inside it would walk every other tower's graph up to its inputs, once per
+    sum (per `BatchNormalization` layer), and tracing would grow with the
+    square of the model's depth.
+
+    Args:
+        values: This tower's tensors.
+        total: Sums a list of tensors over the towers; called on tensors
+            without gradient, in the forward and in the backward pass.
+
+    Returns:
+        ``total(values)``, differentiable with respect to `values` (to any
+        order).
+    """
+    values = list(values)
+    count = len(values)
+    sums = total([tf.stop_gradient(v) for v in values])
+
+    @tf.custom_gradient
+    def attach(*flat):
+        def grad(*upstream):
+            upstream = [
+                tf.zeros_like(v) if g is None else g for g, v in zip(upstream, values)
+            ]
+            return self_adjoint(upstream, total) + [None] * count
+
+        return [tf.identity(s) for s in flat[count:]], grad
+
+    return list(attach(*values, *sums))
+
+
+def _all_reduce(values: Sequence[tf.Tensor]) -> list[tf.Tensor]:
+    """Sums tensors without gradient over the towers of this step."""
     context = tf.distribute.get_replica_context()
     return list(context.all_reduce(tf.distribute.ReduceOp.SUM, list(values)))
 
@@ -80,31 +131,17 @@ class TowerSum:
         if self.workers == 1:
             return sum_over_towers(values)
 
-        # A sum is its own adjoint: the gradient of each tower's value is the
-        # sum of the upstream gradients over every tower of every worker.
-        @tf.custom_gradient
-        def global_sum(*flat):
-            def grad(*upstream):
-                return self._sum(
-                    [
-                        tf.zeros_like(v) if g is None else g
-                        for g, v in zip(upstream, flat)
-                    ]
-                )
-
-            return self._sum(flat), grad
-
-        return list(global_sum(*values))
+        return self_adjoint(values, self._sum)
 
     def _sum(self, values: Sequence[tf.Tensor]) -> list[tf.Tensor]:
-        local = sum_over_towers(values)
+        local = _all_reduce(values)
         context = tf.distribute.get_replica_context()
         replica = tf.get_static_value(context.replica_id_in_sync_group)
         if replica == 0:
             mine = self._over_workers(local)
         else:
             mine = [tf.zeros_like(v) for v in local]
-        return sum_over_towers(mine)
+        return _all_reduce(mine)
 
     def _over_workers(self, values: Sequence[tf.Tensor]) -> list[tf.Tensor]:
         """One collective per dtype, over the first towers of all workers."""

@@ -1,0 +1,226 @@
+"""``python -m bench.trace``: time to the first training step, and steady steps.
+
+Every setup runs in a fresh process on 4 logical CPUs: it builds the model,
+compiles it (SGD) and times
+
+- **first step**: one ``fit`` of one global batch, from the call to its
+  return: tracing the training step, TensorFlow's graph optimisation and the
+  step itself, what a user waits for before the progress bar moves;
+- **steady step**: the median of 5 ``train_on_batch`` calls after it.
+
+Setups: ``plain`` (a `keras.Model` on one device), ``towerN``
+(`kerastower.TowerModel` over ``N`` logical CPUs, synchronised
+`BatchNormalization`, the default) and ``mirrored4`` (stock
+`tf.distribute.MirroredStrategy` over 4 logical CPUs, unsynchronised
+`BatchNormalization`). Models: ``resnet50`` and ``densenet121``
+(`keras.applications`, 32x32x3 inputs, 5 classes, no weights), ``transformer``
+(12 blocks of self-attention and a feed-forward layer, 16 tokens of width 64)
+and ``convbn`` (16 blocks of a 3x3 convolution, `BatchNormalization` and
+ReLU, for ``--quick``). The global batch is 8 examples.
+
+The ratios are each setup's time over ``plain``'s for the same model, in the
+same run. Logical CPUs share the machine's cores, so steady steps of towers
+are not faster here; the first step measures tracing, which is what grows
+with the model.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_OUT = ROOT / "bench" / "results"
+MODELS = ("resnet50", "densenet121", "transformer", "convbn")
+SETUPS = ("plain", "tower2", "tower4", "mirrored4")
+BATCH = 8
+STEADY_STEPS = 5
+LOGICAL_DEVICES = 4
+
+
+def build(name: str):
+    """The model `name` of `MODELS`, and one batch of data for it."""
+    import keras
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    if name in ("resnet50", "densenet121"):
+        app = {
+            "resnet50": keras.applications.ResNet50,
+            "densenet121": keras.applications.DenseNet121,
+        }[name]
+        model = app(input_shape=(32, 32, 3), weights=None, classes=5)
+        x = rng.normal(size=(BATCH, 32, 32, 3)).astype("float32")
+        return model, x, rng.integers(0, 5, size=(BATCH,))
+    if name == "transformer":
+        inputs = keras.Input((16, 64))
+        h = inputs
+        for _ in range(12):
+            attended = keras.layers.MultiHeadAttention(4, 16)(h, h)
+            h = keras.layers.LayerNormalization()(h + attended)
+            hidden = keras.layers.Dense(128, activation="relu")(h)
+            h = keras.layers.LayerNormalization()(h + keras.layers.Dense(64)(hidden))
+        outputs = keras.layers.Dense(5)(keras.layers.GlobalAveragePooling1D()(h))
+        x = rng.normal(size=(BATCH, 16, 64)).astype("float32")
+        return keras.Model(inputs, outputs), x, rng.integers(0, 5, size=(BATCH,))
+    inputs = keras.Input((16, 16, 3))
+    h = inputs
+    for _ in range(16):
+        h = keras.layers.Conv2D(8, 3, padding="same", use_bias=False)(h)
+        h = keras.layers.ReLU()(keras.layers.BatchNormalization()(h))
+    outputs = keras.layers.Dense(5)(keras.layers.GlobalAveragePooling2D()(h))
+    x = rng.normal(size=(BATCH, 16, 16, 3)).astype("float32")
+    return keras.Model(inputs, outputs), x, rng.integers(0, 5, size=(BATCH,))
+
+
+def _child(model_name: str, setup: str) -> None:
+    """Measures one setup in this (fresh) process; prints one JSON line."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    import keras
+    import numpy as np
+    import tensorflow as tf
+
+    import kerastower
+
+    kerastower.configure_logical_devices(LOGICAL_DEVICES)
+    keras.utils.set_random_seed(0)
+    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    started = time.perf_counter()
+    if setup.startswith("mirrored"):
+        devices = kerastower.available_devices()[: int(setup[len("mirrored") :])]
+        with tf.distribute.MirroredStrategy(devices).scope():
+            model, x, y = build(model_name)
+            model.compile(optimizer="sgd", loss=loss)
+    else:
+        model, x, y = build(model_name)
+        if setup.startswith("tower"):
+            towers = int(setup[len("tower") :])
+            model = kerastower.TowerModel.from_model(model, towers=towers)
+        model.compile(optimizer="sgd", loss=loss)
+    built = time.perf_counter()
+    model.fit(x, y, batch_size=BATCH, epochs=1, verbose=0)
+    first = time.perf_counter()
+    steady = []
+    for _ in range(STEADY_STEPS):
+        start = time.perf_counter()
+        model.train_on_batch(x, y)
+        steady.append(time.perf_counter() - start)
+    row = {
+        "model": model_name,
+        "setup": setup,
+        "build_s": built - started,
+        "first_step_s": first - built,
+        "steady_step_s": float(np.median(steady)),
+    }
+    print("RESULT " + json.dumps(row), flush=True)
+
+
+def measure(model_name: str, setup: str) -> dict[str, Any]:
+    """Runs `setup` of `model_name` in a fresh process and returns its row."""
+    command = [sys.executable, "-m", "bench.trace", "--child", model_name, setup]
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
+    for line in done.stdout.splitlines():
+        if line.startswith("RESULT "):
+            return json.loads(line[len("RESULT ") :])
+    tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
+    return {"model": model_name, "setup": setup, "error": " | ".join(tail)}
+
+
+def with_ratios(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Adds each row's first and steady step over ``plain``'s, per model."""
+    plain = {r["model"]: r for r in rows if r["setup"] == "plain" and "error" not in r}
+    for row in rows:
+        base = plain.get(row["model"])
+        if base and "error" not in row:
+            row["first_step_ratio"] = row["first_step_s"] / base["first_step_s"]
+            row["steady_step_ratio"] = row["steady_step_s"] / base["steady_step_s"]
+    return rows
+
+
+def markdown_table(rows: Sequence[dict[str, Any]]) -> str:
+    """The rows as a markdown table."""
+    lines = [
+        "| model | setup | first step (s) | x plain | steady step (ms) | x plain |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        if "error" in r:
+            lines.append(f"| {r['model']} | {r['setup']} | error: {r['error']} ||||")
+            continue
+        first = f"{r['first_step_ratio']:.2f}" if "first_step_ratio" in r else ""
+        steady = f"{r['steady_step_ratio']:.2f}" if "steady_step_ratio" in r else ""
+        lines.append(
+            f"| {r['model']} | {r['setup']} | {r['first_step_s']:.1f} | {first} "
+            f"| {1000 * r['steady_step_s']:.0f} | {steady} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def run(
+    models: Sequence[str], setups: Sequence[str], out: Path, log=print
+) -> dict[str, Any]:
+    """Measures every setup of every model; writes ``trace.json`` and ``.md``."""
+    from bench.report import machine_info
+
+    started = time.perf_counter()
+    rows = []
+    for model_name in models:
+        for setup in setups:
+            log(f"[trace] {model_name} {setup}")
+            rows.append(measure(model_name, setup))
+            log(f"[trace]   {rows[-1]}")
+    results = {
+        "meta": {
+            "command": " ".join(["python -m bench.trace", *sys.argv[1:]]),
+            "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+            "global_batch_size": BATCH,
+            "method": "see the docstring of bench/trace.py",
+            "machine": machine_info(),
+            "seconds": time.perf_counter() - started,
+        },
+        "rows": with_ratios(rows),
+    }
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "trace.json").write_text(json.dumps(results, indent=1) + "\n")
+    (out / "trace.md").write_text(markdown_table(results["rows"]))
+    return results
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Parses the command line, measures and prints the table."""
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.trace",
+        description="time to the first training step, plain vs towers vs stock",
+    )
+    parser.add_argument("--models", nargs="+", choices=MODELS, default=list(MODELS[:3]))
+    parser.add_argument("--setups", nargs="+", choices=SETUPS, default=list(SETUPS))
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    parser.add_argument(
+        "--quick", action="store_true", help="the convbn model, plain and tower2"
+    )
+    parser.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.child:
+        _child(*args.child)
+        return
+    if args.quick:
+        args.models, args.setups = ["convbn"], ["plain", "tower2"]
+    results = run(
+        args.models,
+        args.setups,
+        args.out,
+        log=lambda message: print(message, file=sys.stderr, flush=True),
+    )
+    print(markdown_table(results["rows"]), end="")
+    print(f"written to {args.out / 'trace.json'} and {args.out / 'trace.md'}")
+
+
+if __name__ == "__main__":
+    main()

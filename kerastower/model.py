@@ -44,8 +44,8 @@ class TowerModel(_keras_compat.TrainerHooks, keras.Model):
     loss tracker are updated once on the whole batch; predictions come back in
     input order.
 
-    The model's variables are ordinary variables: no `strategy.scope()` is
-    needed and weights files are interchangeable with a plain `keras.Model`.
+    Its variables are ordinary variables: no `strategy.scope()`, and weights
+    files are interchangeable with a plain `keras.Model`'s.
 
     `BatchNormalization` layers are synchronised across towers during training
     (two-pass mean and variance of the global batch, masks included; see
@@ -73,10 +73,10 @@ class TowerModel(_keras_compat.TrainerHooks, keras.Model):
     model.fit(x, y, batch_size=10, epochs=2)  # 5 examples per tower
     ```
 
-    A subclass that overrides `train_step` runs its own step, on one device
-    unless it takes its gradients with `tower_gradients` (a warning says
-    so); or override `compute_loss` instead. A subclass without `call` can be
-    built from a graph, as ``MyModel(inputs, outputs)``.
+    A subclass's own `train_step` runs on one device unless it takes its
+    gradients with `tower_gradients` (a warning says so); or override
+    `compute_loss`. A subclass without `call` builds from a graph, as
+    ``MyModel(inputs, outputs)``.
 
     Args:
         *args: Passed to `keras.Model` (e.g. ``inputs, outputs``).
@@ -94,22 +94,27 @@ class TowerModel(_keras_compat.TrainerHooks, keras.Model):
             `TF_CONFIG` names two or more workers, and trains on this worker
             alone otherwise. Defaults to ``None``.
         replicate_variables: Whether each tower trains on its own replica of
-            the trainable variables, kept equal to the model's by applying
-            the same ring all-reduced gradient with a clone of the optimizer
-            on every tower (see `kerastower.reduce.replicas`): no device then moves
-            much more than a ring all-reduce, ``2 (N-1)/N`` times the
-            gradient bytes per step, instead of about ``N`` times that on the
-            first tower. The model's variables stay ordinary variables.
-            One worker, no XLA; a `train_step` of your own trains without
-            replicas (with a warning). Defaults to ``False``.
+            the trainable variables, updated with the same ring all-reduced
+            gradient by a clone of the optimizer (see
+            `kerastower.reduce.replicas`): no device moves much more than
+            ``2 (N-1)/N`` times the gradient bytes per step, instead of about
+            ``N`` times that on the first tower. One worker, no XLA; a
+            `train_step` of your own trains without replicas (with a
+            warning). Defaults to ``False``.
+        global_batch_loss: Whether the loss is computed on the whole global
+            batch from every tower's gathered predictions, instead of on
+            each shard: for losses that compare the examples of a batch
+            (contrastive losses, `keras.losses.Circle`, `Dice` and `Tversky`
+            with ``axis=None``; see `kerastower.step.step_loss`). One
+            worker. Defaults to ``False``.
         **kwargs: Passed to `keras.Model`.
 
     Raises:
         ValueError: If `towers` is not ``None``, an integer of at least 1 or a
             list of existing device names, or asks for more devices than are
             visible; if `strategy` is not ``None`` or a
-            `tf.distribute.Strategy`; or if `replicate_variables` is set with
-            several workers.
+            `tf.distribute.Strategy`; or if `replicate_variables` or
+            `global_batch_loss` is set with several workers.
     """
 
     def __new__(cls, *args: Any, **kwargs: Any):
@@ -124,6 +129,7 @@ class TowerModel(_keras_compat.TrainerHooks, keras.Model):
         sync_batch_norm: bool = True,
         strategy: tf.distribute.Strategy | None = None,
         replicate_variables: bool = False,
+        global_batch_loss: bool = False,
         **kwargs: Any,
     ):
         checks.check_no_strategy_scope()
@@ -135,12 +141,8 @@ class TowerModel(_keras_compat.TrainerHooks, keras.Model):
             strategy = multi_worker.worker_strategy()
         self._worker_strategy = strategy
         self.replicate_variables = bool(replicate_variables)
-        if self.replicate_variables and self.num_workers > 1:
-            raise ValueError(
-                "`replicate_variables=True` supports one worker only. "
-                f"Received: replicate_variables=True with {self.num_workers} "
-                "workers"
-            )
+        self.global_batch_loss = bool(global_batch_loss)
+        checks.check_one_worker_options(self)
         if functional_init_arguments(args, kwargs) and not isinstance(self, Functional):
             # `super().__init__(inputs=..., outputs=...)` in a subclass's
             # `__init__`: become the functional variant of the subclass here,
@@ -208,11 +210,8 @@ class TowerModel(_keras_compat.TrainerHooks, keras.Model):
         return self._tower_strategy
 
     def _builds_before_towers(self) -> bool:
-        """Whether Keras must build losses and metrics before the first step.
-
-        Keras builds them while tracing the first step, which for towers
-        would happen inside the tower strategy.
-        """
+        """Whether Keras must build losses and metrics before the first step
+        (not while tracing it, inside the tower strategy)."""
         return self.num_towers > 1 or self.num_workers > 1
 
     @property
@@ -249,13 +248,12 @@ class TowerModel(_keras_compat.TrainerHooks, keras.Model):
 
         where ``L_i``, what `loss_fn` returns, is the **mean** loss over the
         ``n_i`` examples it is given (Keras's ``"sum_over_batch_size"``).
-        Gradients are summed as in the built-in step: sparse ones stay exact
-        for Adam; a compiled loss added through ``self.compute_loss`` is
+        Gradients are summed as in the built-in step (sparse ones stay exact
+        for Adam); a compiled loss added through ``self.compute_loss`` is
         weighted as there. With one tower this is ``tape.gradient`` of
-        ``loss_fn(*tensors)`` on its device. It works in the traced step and
-        with ``run_eagerly=True``. Draw random numbers on the whole batch
-        **before** the call and pass them in: in `loss_fn` each tower would
-        draw its own.
+        ``loss_fn(*tensors)``; it works traced and with ``run_eagerly=True``.
+        Draw random numbers on the whole batch **before** the call and pass
+        them in: in `loss_fn` each tower would draw its own.
 
         Example:
 
@@ -357,6 +355,7 @@ class TowerModel(_keras_compat.TrainerHooks, keras.Model):
         config["towers"] = self._towers_arg
         config["sync_batch_norm"] = self.sync_batch_norm
         config["replicate_variables"] = self.replicate_variables
+        config["global_batch_loss"] = self.global_batch_loss
         return config
 
     @classmethod

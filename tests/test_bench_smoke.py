@@ -14,6 +14,7 @@ if str(ROOT) not in sys.path:
 
 from bench.report import memory_ratios, timing_ratios  # noqa: E402
 from bench.timing import paired_ratio  # noqa: E402
+from bench.trace import markdown_table, with_ratios  # noqa: E402
 
 
 def _suite(**repeats):
@@ -172,3 +173,30 @@ def test_bare_tensorflow_loops_over_steps_per_execution(capsys):
     assert set(times) == {"plain", "tower2", "bare1", "bare2"}
     assert all(t.shape == (1,) and t[0] > 0 for t in times.values())
     assert "steps_per_execution=4" in capsys.readouterr().out
+
+
+def test_trace_ratios_are_over_the_plain_model_of_the_same_run():
+    rows = with_ratios(
+        [
+            {"model": "m", "setup": "plain", "first_step_s": 2.0, "steady_step_s": 0.1},
+            {
+                "model": "m",
+                "setup": "tower4",
+                "first_step_s": 5.0,
+                "steady_step_s": 0.12,
+            },
+            {"model": "m", "setup": "mirrored4", "error": "boom"},
+            {
+                "model": "n",
+                "setup": "tower2",
+                "first_step_s": 1.0,
+                "steady_step_s": 0.1,
+            },
+        ]
+    )
+    assert rows[1]["first_step_ratio"] == 2.5
+    assert rows[1]["steady_step_ratio"] == pytest.approx(1.2)
+    assert "first_step_ratio" not in rows[3]  # no plain row for model n
+    table = markdown_table(rows)
+    assert "| m | tower4 | 5.0 | 2.50 | 120 | 1.20 |" in table
+    assert "| m | mirrored4 | error: boom" in table

@@ -10,7 +10,8 @@ different model.
 The package is that one place: `errors` (the error and the supported
 range), `losses` (loss reduction and masks), `trainer` (model and trainer
 hooks), `layers` (`SpectralNormalization`'s update, `StatelessScope`), `callbacks`
-(callbacks, optimizers, strategies) and `collectives` (TensorFlow's
+(callbacks, optimizers, strategies), `optimizers` (an optimizer's copy for
+replicas) and `collectives` (TensorFlow's
 multi-worker start-up).
 """
 
@@ -50,6 +51,7 @@ from kerastower._keras_compat.losses import (
     loss_divisor,
     set_keras_mask,
 )
+from kerastower._keras_compat.optimizers import clone_optimizer
 from kerastower._keras_compat.trainer import (
     Functional,
     TrainerHooks,
@@ -84,6 +86,7 @@ __all__ = [
     "_loss_module",
     "check_prepared",
     "check_reductions",
+    "clone_optimizer",
     "compiled_losses_replaced",
     "compute_loss",
     "divisor",

@@ -85,7 +85,8 @@ def loss_divisor(loss, y_true, y_pred, sample_weight=None) -> tf.Tensor | None:
     returns `divisor` of them. ``None`` means the divisor is the batch's
     examples times a number that is the same for every shard of the batch:
     the loss has no per-element values to count (a custom loss whose ``call``
-    returns a scalar, or a callable that is not a `keras.losses.Loss`), or
+    returns a scalar, a `keras.losses.Loss` that overrides ``__call__``, or
+    a callable that is not a `keras.losses.Loss`), or
     it divides by the count of its elements, with no mask and no sample
     weights to sum, which is ``examples * prod(values.shape[1:])``.
 
@@ -100,7 +101,12 @@ def loss_divisor(loss, y_true, y_pred, sample_weight=None) -> tf.Tensor | None:
             f"{('sum',) + NORMALISED_REDUCTIONS}. Received: reduction="
             f"{reduction!r} for loss {getattr(loss, 'name', loss)!r}"
         )
-    if not isinstance(loss, keras.losses.Loss):
+    if (
+        not isinstance(loss, keras.losses.Loss)
+        or type(loss).__call__ is not keras.losses.Loss.__call__
+    ):
+        # A `Loss` that overrides `__call__` reduces as it pleases, and its
+        # `call` may not exist: it is a callable like any other.
         return None
     check_reductions()
     in_mask = get_keras_mask(y_pred)

@@ -28,7 +28,8 @@ def sum_gradients(per_tower: Sequence[Any], static_rows: bool | None = None) -> 
       in tower order, which are one device's rows;
     - rows whose count does not (a table gathered once per batch, such as
       position embeddings gathered with ``range(length)``: the static row count
-      is known) are gathered once by one device, so the towers' rows are
+      is known) are gathered once by one device, and de-duplicated ids (a
+      sparse input's `matmul`) have one row each: the towers' rows are
       merged by index and summed.
 
     The result stays sparse: a large table is never densified. `static_rows`
@@ -48,16 +49,32 @@ def sum_gradients(per_tower: Sequence[Any], static_rows: bool | None = None) -> 
 
 
 def has_static_rows(per_tower: Sequence[Any]) -> bool:
-    """Whether sparse per-tower gradients gather a fixed set of rows.
+    """Whether one device's sparse gradient has one row per index.
 
     A table gathered once per batch (static row count) is gathered once by
-    one device, so the towers' (and workers') rows are merged by index; a
-    gather of the examples' ids (row count unknown) is concatenated.
+    one device, and a gather of de-duplicated ids (indices made by a
+    ``Unique`` op, as in `tf.nn.embedding_lookup_sparse`, which Keras's
+    `matmul` of a sparse input uses) has one row per id: the towers' (and
+    workers') rows are merged by index. A gather of the examples' ids (row
+    count unknown) is concatenated.
     """
     return all(
-        isinstance(g, tf.IndexedSlices) and g.values.shape[:1].is_fully_defined()
+        isinstance(g, tf.IndexedSlices)
+        and (g.values.shape[:1].is_fully_defined() or _unique_indices(g))
         for g in per_tower
     )
+
+
+def _unique_indices(slices: tf.IndexedSlices) -> bool:
+    """Whether a traced gradient's indices come from a ``Unique`` op."""
+    tensor = slices.indices
+    while not tf.executing_eagerly() and hasattr(tensor, "op"):
+        if tensor.op.type in ("Unique", "UniqueV2", "UniqueWithCounts"):
+            return True
+        if tensor.op.type not in ("Reshape", "Identity", "Cast"):
+            return False
+        tensor = tensor.op.inputs[0]
+    return False
 
 
 def traced_static_rows(loss_fn, variables: Sequence[Any], data: Any) -> set[int]:

@@ -25,7 +25,11 @@ tower's device and sends its gradients back there, so that device moves about
    tower.
 3. Tower 0's sum goes to the model's optimizer as without replicas; tower
    ``i >= 1`` applies its (identical) sum to its replica with its own clone
-   of the optimizer (same class and config, slot variables on its device).
+   of the optimizer (same class and settings, the same learning-rate
+   schedule object, the same variables excluded from weight decay, slot
+   variables on its device; `kerastower._keras_compat.clone_optimizer`), and
+   each replica carries its variable's constraint, which the clone applies
+   after the update as Keras's optimizer does.
    Before each update the clone copies the optimizer's scalar state
    (``iterations``, a learning rate a callback may have changed, a loss
    scale) from the model's optimizer, so each replica takes the very update
@@ -51,6 +55,7 @@ from typing import Any
 import keras
 import tensorflow as tf
 
+from kerastower import _keras_compat
 from kerastower.reduce import keys
 from kerastower.reduce.gradients import sum_gradients
 
@@ -141,8 +146,10 @@ class Replicas:
                         keras.Variable(tf.identity(v.value), dtype=v.dtype, name=v.name)
                         for v in variables
                     ]
-                    clone = type(optimizer).from_config(optimizer.get_config())
-                    clone.build(copies)
+                    for v, copy in zip(variables, copies):
+                        # The clone applies it after each update, as Keras does.
+                        copy.constraint = v.constraint
+                    clone = _keras_compat.clone_optimizer(optimizer, variables, copies)
                 self._copies.append(copies)
                 self._clones.append(clone)
             self._key = key
@@ -236,6 +243,20 @@ class Replicas:
             Tower 0's summed gradients, on its device, for the model's own
             optimizer.
         """
+        # A dense gradient's static shape can be partly unknown (a `Dense`
+        # kernel applied to sequences); packing needs its variable's.
+        shaped = []
+        for device, grads in zip(self.devices, per_tower):
+            with tf.device(device):
+                shaped.append(
+                    [
+                        g
+                        if isinstance(g, tf.IndexedSlices)
+                        else tf.reshape(g, self._primaries[j].shape)
+                        for g, j in zip(grads, indices)
+                    ]
+                )
+        per_tower = shaped
         if len(per_tower) == 1:
             summed = [list(per_tower[0])] * len(self.devices)
         elif len(per_tower) == len(self.devices):

@@ -8,6 +8,8 @@
   outputs back (the split math as plain functions).
 - `loss_weighting`: the rule that makes the towers' losses add up to one
   device's.
+- `step_loss`: `StepLoss`, a tower's loss (of its shard, or of the gathered
+  global batch with ``global_batch_loss``), added up over the towers.
 - `tower_context`: what the towers trace under (weighted compiled losses,
   synchronised `BatchNormalization`).
 - `batch_norm`: the global batch's moments for `BatchNormalization`.

@@ -122,6 +122,89 @@ def warn_if_trainable_assigned(paths: list[str]) -> None:
     )
 
 
+def warn_if_state_kept(paths: list[str]) -> None:
+    """Warns that non-trainable weights keep the first tower's assignment.
+
+    A layer may assign a non-trainable weight in its forward pass. One device
+    assigns it once per step, from the whole batch. Towers make the first
+    tower's assignment, from its shard: right for a counter or anything that
+    does not depend on the examples, wrong for a sum or an average over the
+    batch. A weight made with ``add_weight(aggregation="sum")`` gets the sum
+    of every tower's increment instead, one device's running sum.
+
+    Args:
+        paths: The paths of the weights.
+    """
+    warnings.warn(
+        f"The forward pass assigns the non-trainable weights {paths}. Towers "
+        "keep the first tower's assignment, made from its shard of the batch: "
+        "one device's value for a counter, not for a sum over the batch. "
+        "Create a weight that sums over the batch with `add_weight(..., "
+        'aggregation="sum")` (the towers then add their increments), and one '
+        'that is right as it is with `aggregation="only_first_replica"`.',
+        stacklevel=2,
+    )
+
+
+def check_one_worker_options(model: keras.Model) -> None:
+    """Raises if an option that supports one worker is set with several.
+
+    Raises:
+        ValueError: If ``replicate_variables`` or ``global_batch_loss`` is
+            set and the model trains on several workers.
+    """
+    for name in ("replicate_variables", "global_batch_loss"):
+        if getattr(model, name) and model.num_workers > 1:
+            raise ValueError(
+                f"`{name}=True` supports one worker only. Received: "
+                f"{name}=True with {model.num_workers} workers"
+            )
+
+
+def couples_examples(loss: Any) -> bool:
+    """Whether a Keras loss compares the examples of a batch with each other.
+
+    `keras.losses.Circle` compares every pair of examples; `Dice` and
+    `Tversky` with ``axis=None`` (their default) reduce over every element of
+    the batch before they divide. Each gives one value for a batch that the
+    values of its shards cannot be combined into.
+    """
+    if isinstance(loss, str):
+        loss = keras.losses.get(loss)
+    if loss is keras.losses.circle or isinstance(loss, keras.losses.Circle):
+        return True
+    if loss in (keras.losses.dice, keras.losses.tversky):
+        return True
+    if isinstance(loss, (keras.losses.Dice, keras.losses.Tversky)):
+        axis = loss.get_config().get("axis")
+        return axis is None or 0 in tf.nest.flatten(axis)
+    return False
+
+
+def check_no_coupled_loss(model: keras.Model) -> None:
+    """Raises if a compiled loss of `model` cannot be split over towers.
+
+    Raises:
+        ValueError: If one of the model's compiled losses `couples_examples`
+            and the model does not compute its loss on the global batch.
+    """
+    if model.global_batch_loss or model.num_towers == 1:
+        return
+    coupled = [
+        getattr(loss, "name", getattr(loss, "__name__", loss))
+        for loss in tf.nest.flatten(getattr(model, "loss", None))
+        if loss is not None and couples_examples(loss)
+    ]
+    if coupled:
+        raise ValueError(
+            f"The losses {coupled} compare the examples of a batch with each "
+            "other: computed on each tower's shard, they would not add up to "
+            "the loss of the whole batch. Create the model with "
+            "`global_batch_loss=True` to compute the loss once, on the whole "
+            "batch. Received: global_batch_loss=False"
+        )
+
+
 # The methods of `keras.Model` that decide what a step computes.
 STEP_METHODS = (
     "call",

@@ -53,6 +53,19 @@ def spectral_normalizations(model: keras.Model) -> list:
     ]
 
 
+def _own_updates(model: keras.Model) -> set[int]:
+    """The weights whose tower-0 value is one device's by construction.
+
+    `BatchNormalization`'s moving statistics (of the global batch when
+    synchronised; tower 0's otherwise, as stock `MirroredStrategy` keeps its
+    first replica's, as documented) and `SpectralNormalization`'s state.
+    """
+    layers = _keras_compat.inner_layers(model)
+    kinds = (keras.layers.BatchNormalization, keras.layers.SpectralNormalization)
+    owners = [layer for layer in layers if isinstance(layer, kinds)]
+    return {id(v) for layer in owners for v in layer.weights}
+
+
 @dataclasses.dataclass
 class StepState:
     """What the towers of one training step share.
@@ -62,27 +75,36 @@ class StepState:
             weights, read before the towers ran.
         assigned: The paths of trainable weights that a tower after the
             first assigned (a dict used as an ordered set).
+        kept: The paths of non-trainable weights that a tower after the
+            first assigned and that end the step with tower 0's value, where
+            that may not be one device's (an ordered set).
     """
 
     values: list
     assigned: dict = dataclasses.field(default_factory=dict)
+    kept: dict = dataclasses.field(default_factory=dict)
 
 
 @contextlib.contextmanager
-def step_state(model: keras.Model, replicas: Any = None) -> Iterator[StepState]:
+def step_state(
+    model: keras.Model, replicas: Any = None, training: bool = True
+) -> Iterator[StepState]:
     """Runs the once-per-step updates and yields the state before the towers.
 
-    Open it around the towers of a training step.
+    Open it around the towers of a step.
 
     Args:
         model: The `kerastower.TowerModel`.
         replicas: The model's `kerastower.reduce.replicas.Replicas`, or ``None``.
+        training: Whether the step trains (`SpectralNormalization` updates
+            only then).
 
     Yields:
         The `StepState` for `tower_reads`. On exit, warns if a tower assigned
-        a trainable weight that kerastower does not update once per step.
+        a trainable weight that kerastower does not update once per step, or
+        a non-trainable one that keeps tower 0's value.
     """
-    layers = spectral_normalizations(model)
+    layers = spectral_normalizations(model) if training else []
     trainable = {id(v): j for j, v in enumerate(model.trainable_weights)}
     for layer in layers:
         with tf.device(model.tower_devices[0]):
@@ -107,6 +129,8 @@ def step_state(model: keras.Model, replicas: Any = None) -> Iterator[StepState]:
     # Here, not in the towers, whose warnings `split_run` shows only once.
     if state.assigned:
         checks.warn_if_trainable_assigned(list(state.assigned))
+    if state.kept:
+        checks.warn_if_state_kept(list(state.kept))
 
 
 @contextlib.contextmanager
@@ -163,8 +187,18 @@ def tower_reads(
     frozen = {id(layer.kernel) for layer in spectral_normalizations(model)}
     trainable = {id(v) for v in model.trainable_weights} - frozen
     state.assigned.update((v.path, None) for v in scope.updated if id(v) in trainable)
+    before = {id(v): value for v, value in state.values}
+    own = _own_updates(model)
     made = set()
     for variable in scope.updated:
-        if id(variable) not in mapped and id(variable) not in made:
-            made.add(id(variable))
+        if id(variable) in made:
+            continue
+        made.add(id(variable))
+        if id(variable) not in mapped:
             variable.assign(scope.get_current_value(variable))
+        elif id(variable) in before and variable.aggregation == "sum":
+            delta = scope.get_current_value(variable) - before[id(variable)]
+            variable.assign_add(delta)
+        elif id(variable) in before and id(variable) not in own:
+            if variable.aggregation != "only_first_replica":
+                state.kept[variable.path] = None

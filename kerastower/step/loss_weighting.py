@@ -182,7 +182,9 @@ class TowerLosses(NamedTuple):
     sum_fn: Callable[[Sequence[tf.Tensor]], list[tf.Tensor]]
 
 
-def weigh_loss(loss: tf.Tensor, weight: tf.Tensor, losses: TowerLosses):
+def weigh_loss(
+    loss: tf.Tensor, weight: tf.Tensor, losses: TowerLosses, whole_batch=False
+):
     """A tower's loss as one device computes it, weighted by its share.
 
     Called by every tower once its loss is complete (it sums the compiled
@@ -192,13 +194,24 @@ def weigh_loss(loss: tf.Tensor, weight: tf.Tensor, losses: TowerLosses):
         loss: The tower's loss, as Keras computed it on the tower's shard.
         weight: ``n_i / B``, the tower's share of the global batch.
         losses: The step's `TowerLosses`.
+        whole_batch: Whether every tower computed `loss` on the whole global
+            batch (``global_batch_loss``): the first tower's then counts
+            once (weight 1), the others' not at all (weight 0); their
+            gradients still reach every tower through the gather.
 
     Returns:
         The weighted loss and the weighted per-output losses (empty when
         Keras keeps no per-output loss metrics).
     """
     records = losses.records.pop(tf.distribute.get_replica_context(), [])
-    factors = weigh_compiled_losses(records, losses.global_batch, losses.sum_fn)
+    if whole_batch:
+        factors = [None] * len(records)
+        first = tf.equal(
+            tf.distribute.get_replica_context().replica_id_in_sync_group, 0
+        )
+        weight = tf.cast(first, loss.dtype)
+    else:
+        factors = weigh_compiled_losses(records, losses.global_batch, losses.sum_fn)
     per_output = []
     for (value, _, _), factor, loss_weight in zip(
         records, factors, losses.loss_weights

@@ -134,16 +134,35 @@ def first_leaf(structure: Any) -> tf.Tensor:
 
 
 def split_nest(structure: Any, sizes: tf.Tensor, towers: int) -> list[Any]:
-    """Cuts every batched leaf of `structure` into `towers` contiguous shards."""
+    """Cuts every batched leaf of `structure` into `towers` contiguous shards.
+
+    Leaves are dense, ragged or sparse tensors (a `tf.SparseTensor` is cut
+    into blocks of rows, its dense shape's other dimensions kept).
+    """
     flat = tf.nest.flatten(structure)
-    pieces = [
-        [None] * towers if t is None else tf.split(t, sizes, num=towers, axis=0)
-        for t in flat
-    ]
+    pieces = [[None] * towers if t is None else _split(t, sizes, towers) for t in flat]
     return [
         tf.nest.pack_sequence_as(structure, [p[i] for p in pieces])
         for i in range(towers)
     ]
+
+
+def _split(t: Any, sizes: tf.Tensor, towers: int) -> list[Any]:
+    if not isinstance(t, tf.SparseTensor):
+        return tf.split(t, sizes, num=towers, axis=0)
+    sizes = tf.cast(sizes, tf.int64)
+    starts = tf.cumsum(sizes, exclusive=True)
+    rest = t.dense_shape[1:]
+    shards = []
+    for i in range(towers):
+        shard = tf.sparse.slice(
+            t,
+            tf.concat([starts[i : i + 1], tf.zeros_like(rest)], 0),
+            tf.concat([sizes[i : i + 1], rest], 0),
+        )
+        shard.set_shape(tf.TensorShape([None]).concatenate(t.shape[1:]))
+        shards.append(shard)
+    return shards
 
 
 def masks_of(structure: Any) -> dict[int, tf.Tensor]:
@@ -183,6 +202,30 @@ def concat_nest(per_tower: Sequence[Any]) -> Any:
         return whole
 
     return tf.nest.map_structure(concat, *per_tower)
+
+
+def gather_nest(structure: Any, gather: Any) -> Any:
+    """Every tower's rows of a nest's leaves and Keras masks, concatenated.
+
+    Args:
+        structure: This tower's nest (``None`` leaves are kept).
+        gather: Concatenates a list of tensors over the towers, in tower
+            order (`kerastower.reduce.towers.gather_over_towers`).
+
+    Returns:
+        The nest of the global batch, with the concatenated masks.
+    """
+    flat = tf.nest.flatten(structure)
+    present = [i for i, t in enumerate(flat) if t is not None]
+    masks = masks_of(structure)
+    gathered = gather([flat[i] for i in present] + list(masks.values()))
+    whole = list(flat)
+    for i, t in zip(present, gathered):
+        whole[i] = t
+    rest = gathered[len(present) :]
+    return with_masks(
+        tf.nest.pack_sequence_as(structure, whole), dict(zip(masks, rest))
+    )
 
 
 def local_results(strategy: tf.distribute.Strategy, outputs: Any) -> list[Any]:

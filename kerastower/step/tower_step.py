@@ -34,7 +34,6 @@ from kerastower.reduce.gradients import (
 )
 from kerastower.reduce.towers import TowerSum
 from kerastower.step import checks, layer_updates
-from kerastower.step.loss_weighting import weigh_loss
 from kerastower.step.shards import (
     concat_nest,
     first_leaf,
@@ -44,6 +43,7 @@ from kerastower.step.shards import (
     tensor_split_sizes,
     with_masks,
 )
+from kerastower.step.step_loss import StepLoss
 from kerastower.step.tower_context import tower_context
 
 
@@ -72,6 +72,7 @@ class TowerStep:
         # follows it in the same step.
         self._static_rows: set[int] = set()
         self._traced_rows: dict = {}  # eager steps: `traced_static_rows`
+        self.loss = StepLoss(model)
 
     # -- one step ---------------------------------------------------------
 
@@ -86,8 +87,7 @@ class TowerStep:
         def loss_fn(shard):
             tx, ty, tsw = shard
             y_pred = _keras_compat.forward(model, tx, training=True)
-            loss = _keras_compat.compute_loss(model, tx, ty, y_pred, tsw, training=True)
-            return loss, y_pred
+            return self.loss.compute(tx, ty, y_pred, tsw, training=True), y_pred
 
         if model.num_towers == 1 and model.num_workers == 1:
             with tf.device(model.tower_devices[0]):
@@ -149,18 +149,20 @@ class TowerStep:
 
         def tower_fn(shard, weight, losses):
             tx, ty, tsw = shard
-            y_pred = _keras_compat.forward(model, tx, training=False)
-            loss, per_output = self.tower_loss(
-                tx, ty, y_pred, tsw, weight, losses, training=False
-            )
+            with layer_updates.tower_reads(model, [], state):
+                y_pred = _keras_compat.forward(model, tx, training=False)
+                loss, per_output = self.loss.tower_loss(
+                    tx, ty, y_pred, tsw, weight, losses, training=False
+                )
             return (), loss, y_pred, per_output, masks_of(y_pred)
 
-        (loss, y_pred, per_output, masks), _ = self.split_run(
-            tower_fn, self.combine_losses, (x, y, sample_weight)
-        )
+        with layer_updates.step_state(model, training=False) as state:
+            (loss, y_pred, per_output, masks), _ = self.split_run(
+                tower_fn, self.loss.combine, (x, y, sample_weight)
+            )
         y_pred = with_masks(y_pred, masks)
         loss = workers.sum_over_workers(self.model, loss)
-        self.update_loss_metrics(per_output, y_pred)
+        self.loss.update_metrics(per_output, y_pred)
 
         def update_metrics():
             _keras_compat.loss_tracker(model).update_state(
@@ -175,9 +177,11 @@ class TowerStep:
         x, _, _ = keras.utils.unpack_x_y_sample_weight(data)
 
         def tower_fn(shard, weight, losses):
-            return _keras_compat.forward(self.model, shard, training=False)
+            with layer_updates.tower_reads(self.model, [], state):
+                return _keras_compat.forward(self.model, shard, training=False)
 
-        y_pred, _ = self.split_run(tower_fn, concat_nest, x, across_workers=False)
+        with layer_updates.step_state(self.model, training=False) as state:
+            y_pred, _ = self.split_run(tower_fn, concat_nest, x, across_workers=False)
         return y_pred
 
     # -- gradients ----------------------------------------------------------
@@ -223,7 +227,7 @@ class TowerStep:
                     self.model, variables, state, replicas
                 ) as read:
                     loss, outputs = loss_fn(shard)
-                    loss, per_output = weigh_loss(loss, weight, losses)
+                    loss, per_output = self.loss.weigh(loss, weight, losses)
                     scaled = loss if scale_loss is None else scale_loss(loss)
             grads = tape.gradient(scaled, read)
             connected[:] = [j for j, g in enumerate(grads) if g is not None]
@@ -239,7 +243,7 @@ class TowerStep:
         traced = self.eager_static_rows(loss_fn, variables, data)
 
         def combine(per_tower):
-            loss, outputs, per_output, masks = self.combine_losses(per_tower)
+            loss, outputs, per_output, masks = self.loss.combine(per_tower)
             for k, j in enumerate(connected):  # both branches must agree
                 rows = has_static_rows([t[0][k] for t in per_tower])
                 rows = rows if traced is None else j in traced
@@ -261,7 +265,7 @@ class TowerStep:
                 tower_fn, combine, data
             )
         outputs = with_masks(outputs, masks)
-        self.update_loss_metrics(
+        self.loss.update_metrics(
             per_output, outputs if tf.nest.flatten(outputs) else data
         )
         gradients = [None] * len(variables)
@@ -380,35 +384,9 @@ class TowerStep:
                 weights[ctx.replica_id_in_sync_group],
             )
         )
-        with tower_context(self.model, total, sum_fn, sync_batch_norm=True) as losses:
+        context = tower_context(self.model, total, sum_fn, sync_batch_norm=True)
+        with self.loss.gathering(sizes, sum_fn), context as losses:
             outputs = strategy.run(
                 lambda args: tower_fn(args[0], args[1], losses), args=(inputs,)
             )
         return local_results(strategy, outputs)
-
-    def tower_loss(self, x, y, y_pred, sample_weight, weight, losses, training):
-        """This tower's weighted share of the step's loss and of each output's.
-
-        See `kerastower.step.loss_weighting` for the rule.
-        """
-        loss = _keras_compat.compute_loss(
-            self.model, x, y, y_pred, sample_weight, training=training
-        )
-        return weigh_loss(loss, weight, losses)
-
-    @staticmethod
-    def combine_losses(per_tower):
-        """Adds up the towers' weighted losses and per-output losses."""
-        loss = tf.add_n([t[1] for t in per_tower])
-        per_output = [tf.add_n(list(v)) for v in zip(*[t[3] for t in per_tower])]
-        y_pred = concat_nest([with_masks(t[2], t[4]) for t in per_tower])
-        return loss, y_pred, per_output, masks_of(y_pred)
-
-    def update_loss_metrics(self, per_output, batch):
-        """Updates Keras's per-output loss metrics once, with global values."""
-        batch_dim = first_leaf(batch).shape[0]
-        metrics = _keras_compat.per_output_loss_metrics(self.model)
-        for metric, value in zip(
-            metrics, workers.sum_over_workers(self.model, per_output)
-        ):
-            metric.update_state(value, sample_weight=batch_dim)

@@ -2,24 +2,46 @@
 
 Hypothesis draws a model family (dense, embeddings with or without a mask,
 per-timestep LSTM and Conv1D taggers, BatchNormalization, a convolutional
-stack with BatchNormalization, a multi-output dict), a loss that fits it
-(mean, masked, ``ignore_class``, ``"sum"``, sample or class weights), an
-optimizer (Adam and friends on sparse embedding gradients included), 1-4
-towers and batch sizes 1-33, so that uneven splits and batches smaller than
-the tower count occur. Weights, history, evaluation and predictions must
-equal a plain `keras.Model` on one device.
+stack with BatchNormalization, a multi-output dict, kernel constraints, sparse
+inputs, an in-batch contrastive loss), a loss that fits it (mean, masked,
+``ignore_class``, ``"sum"``, sample or class weights), an optimizer (Adam and
+friends on sparse embedding gradients, AdamW with exclusions from weight
+decay, a learning-rate schedule of the test's own included), 1-4 towers and
+batch sizes 1-33, so that uneven splits and batches smaller than the tower
+count occur, with or without per-tower replicas (``replicate_variables``) and
+the loss of the whole batch (``global_batch_loss``, always with the
+contrastive loss). Weights, history, evaluation and predictions must equal a
+plain `keras.Model` on one device.
 """
 
 import keras
 import numpy as np
+import scipy.sparse
 from hypothesis import given
 from hypothesis import strategies as st
 from oracle import assert_close, assert_same_history, assert_same_weights, twin
 
 LENGTH, VOCAB, CLASSES = 6, 12, 3
 
+
+class Warmup(keras.optimizers.schedules.LearningRateSchedule):
+    """A schedule without `get_config`, not registered."""
+
+    def __call__(self, step):
+        step = keras.ops.cast(step, "float32")
+        return 0.02 * keras.ops.minimum(1.0, (step + 1) / 3)
+
+
+def adamw_excluding_biases():
+    optimizer = keras.optimizers.AdamW(0.01, weight_decay=0.2)
+    optimizer.exclude_from_weight_decay(var_names=["bias"])
+    return optimizer
+
+
 OPTIMIZERS = {
     "sgd": lambda: keras.optimizers.SGD(0.05),
+    "adamw_exclusions": adamw_excluding_biases,
+    "adam_schedule": lambda: keras.optimizers.Adam(Warmup()),
     "momentum": lambda: keras.optimizers.SGD(0.05, momentum=0.9),
     "adam": lambda: keras.optimizers.Adam(0.01),
     "adagrad": lambda: keras.optimizers.Adagrad(0.05),
@@ -90,6 +112,40 @@ def multi_output(mask):
     }
 
 
+def constrained(mask):
+    inputs = keras.Input((5,))
+    h = keras.layers.Dense(
+        7, activation="tanh", kernel_constraint=keras.constraints.NonNeg()
+    )(inputs)
+    return inputs, keras.layers.Dense(
+        CLASSES, kernel_constraint=keras.constraints.MaxNorm(0.3)
+    )(h)
+
+
+def sparse(mask):
+    inputs = keras.Input((5,), sparse=True)
+    h = keras.layers.Dense(7, activation="tanh")(inputs)
+    return inputs, keras.layers.Dense(CLASSES)(h)
+
+
+def sparse_rows(rng, n, mask):
+    rows = rng.normal(size=(n, 5)) * (rng.uniform(size=(n, 5)) < 0.4)
+    return scipy.sparse.csr_matrix(rows.astype("float32"))
+
+
+def in_batch_contrastive(y_true, y_pred):
+    """Each example's targets are the other examples of the batch with its
+    label (SimCLR- and CLIP-style in-batch negatives)."""
+    z = y_pred / (keras.ops.norm(y_pred, axis=1, keepdims=True) + 1e-6)
+    logits = keras.ops.matmul(z, keras.ops.transpose(z)) / 0.5
+    y_true = keras.ops.reshape(keras.ops.cast(y_true, "float32"), (-1, 1))
+    same = keras.ops.cast(
+        keras.ops.equal(y_true, keras.ops.transpose(y_true)), "float32"
+    )
+    targets = same / keras.ops.sum(same, axis=1, keepdims=True)
+    return keras.losses.categorical_crossentropy(targets, logits, from_logits=True)
+
+
 # family: (build, inputs(rng, n, mask), per-timestep outputs)
 FAMILIES = {
     "dense": (dense, lambda rng, n, m: rng.normal(size=(n, 5)), False),
@@ -99,6 +155,9 @@ FAMILIES = {
     "batch_norm": (batch_norm, lambda rng, n, m: rng.normal(size=(n, 5)), False),
     "conv_stack": (conv_stack, lambda rng, n, m: rng.normal(size=(n, 6, 6, 2)), False),
     "multi_output": (multi_output, lambda rng, n, m: rng.normal(size=(n, 5)), False),
+    "constrained": (constrained, lambda rng, n, m: rng.normal(size=(n, 5)), False),
+    "sparse": (sparse, sparse_rows, False),
+    "contrastive": (dense, lambda rng, n, m: rng.normal(size=(n, 5)), False),
 }
 LOSSES = ["mean", "sum", "ignore_class", "sample_weight", "class_weight"]
 
@@ -119,6 +178,8 @@ def setups(draw):
         f for f in FAMILIES if FAMILIES[f][2]
     ):
         loss_kind = "sample_weight"  # Keras: class_weight needs one 1-D target
+    if family == "contrastive" and loss_kind not in ("mean", "sample_weight"):
+        loss_kind = "mean"
     return dict(
         family=family,
         loss_kind=loss_kind,
@@ -128,6 +189,8 @@ def setups(draw):
         batch_size=draw(st.integers(1, 33)),
         samples=draw(st.integers(1, 40)),
         seed=draw(st.integers(0, 2**16)),
+        replicate_variables=draw(st.booleans()),
+        global_batch_loss=family == "contrastive" or draw(st.booleans()),
     )
 
 
@@ -136,7 +199,11 @@ def data(setup):
     rng = np.random.default_rng(setup["seed"])
     n = setup["samples"]
     x = make_inputs(rng, n, setup["mask"])
-    x = x.astype("float32") if x.dtype.kind == "f" else x
+    x = (
+        x.astype("float32")
+        if x.dtype.kind == "f" and not scipy.sparse.issparse(x)
+        else x
+    )
     shape = (n, LENGTH) if per_step else (n,)
     labels = rng.integers(0, CLASSES, size=shape)
     if setup["loss_kind"] == "ignore_class":
@@ -160,6 +227,8 @@ def data(setup):
 def compile_kwargs(setup):
     loss = crossentropy(setup["loss_kind"])
     metrics = ["accuracy"]
+    if setup["family"] == "contrastive":
+        loss, metrics = in_batch_contrastive, []
     if setup["family"] == "multi_output":
         score = keras.losses.MeanSquaredError(
             reduction="sum" if setup["loss_kind"] == "sum" else "sum_over_batch_size"
@@ -178,7 +247,12 @@ def test_model_families_match_one_device(setup):
         keras.utils.set_random_seed(setup["seed"] % 7)
         return keras.Model(*build(setup["mask"]))
 
-    plain, towered = twin(model, setup["towers"])
+    plain, towered = twin(
+        model,
+        setup["towers"],
+        replicate_variables=setup["replicate_variables"],
+        global_batch_loss=setup["global_batch_loss"],
+    )
     histories = []
     for m in (plain, towered):
         m.compile(**compile_kwargs(setup))

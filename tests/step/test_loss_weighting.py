@@ -11,6 +11,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from oracle import fit_and_compare, mlp, regression_data
 
 from kerastower import _keras_compat
 from kerastower.step.loss_weighting import BATCH_MEAN, SUM, weigh_compiled_losses
@@ -93,3 +94,25 @@ def test_masked_and_weight_summing_divisors_are_counted():
     _keras_compat.set_keras_mask(masked, tf.constant([True, False, True]))
     plain = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
     assert float(_keras_compat.loss_divisor(plain, Y_TRUE, masked)) == 2.0
+
+
+class HalfSquares(keras.losses.Loss):
+    """A `Loss` that overrides `__call__` instead of `call`, as keras.io's
+    supervised contrastive learning example does; its `call` raises."""
+
+    def __call__(self, y_true, y_pred, sample_weight=None):
+        return 0.5 * keras.ops.mean(keras.ops.square(y_true - y_pred))
+
+
+def test_a_loss_overriding_dunder_call_trains_as_one_device():
+    # It raised `NotImplementedError` from `Loss.call` once.
+    x, y = regression_data(n=23)
+    fit_and_compare(
+        mlp,
+        x,
+        y,
+        lambda: dict(optimizer=keras.optimizers.SGD(0.1), loss=HalfSquares()),
+        towers=3,
+        batch_size=5,
+        epochs=2,
+    )

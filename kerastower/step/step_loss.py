@@ -1,0 +1,129 @@
+"""A step's loss on towers: of each shard, or of the whole batch.
+
+`StepLoss` computes a tower's loss and weighs it
+(`kerastower.step.loss_weighting`), adds up the towers' losses and updates
+Keras's per-output loss metrics once, with the global values.
+
+**The loss of the whole batch** (``global_batch_loss``).
+
+Some losses compare the examples of a batch with each other: contrastive
+losses with in-batch negatives, `keras.losses.Circle`, `Dice` and `Tversky`
+over the whole batch. Their value on a batch is not a combination of their
+values on its shards, so the towers' weighted losses
+(`kerastower.step.loss_weighting`) cannot add up to it.
+
+With ``TowerModel(..., global_batch_loss=True)`` each tower runs the forward
+pass on its shard as usual, then gathers every tower's predictions, targets
+and sample weights (and inputs, for a `compute_loss` of the model's own)
+into the global batch, in input order
+(`kerastower.reduce.towers.gather_over_towers`), and computes the model's
+loss on it: every tower computes the one-device loss ``L``. The first tower
+counts it once, the others with weight 0, so the towers' losses add up to
+``L``; the gradient of ``L`` with respect to tower ``i``'s predictions
+reaches tower ``i`` through the gather's gradient, and the towers' parameter
+gradients add up to one device's.
+
+Losses added in the forward pass (``add_loss``, activity regularizers) are
+counted from the first tower's shard alone under this option; weight
+regularizers, which do not depend on the batch, are exact.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from collections.abc import Iterator
+from typing import Any
+
+import keras
+import tensorflow as tf
+
+from kerastower import _keras_compat
+from kerastower.reduce import workers
+from kerastower.reduce.towers import gather_over_towers
+from kerastower.step import checks
+from kerastower.step.loss_weighting import weigh_loss
+from kerastower.step.shards import (
+    concat_nest,
+    first_leaf,
+    gather_nest,
+    masks_of,
+    with_masks,
+)
+
+
+class StepLoss:
+    """The loss of one `TowerModel`'s steps, tower by tower.
+
+    Args:
+        model: The `kerastower.TowerModel`.
+    """
+
+    def __init__(self, model: keras.Model):
+        self.model = model
+        self._gather = None
+        self._towers: set = set()
+
+    @contextlib.contextmanager
+    def gathering(self, sizes: tf.Tensor, sum_fn: Any) -> Iterator[None]:
+        """Makes the towers run while open compute the global batch's loss,
+        with ``global_batch_loss`` (else does nothing).
+
+        Args:
+            sizes: Every tower's number of examples.
+            sum_fn: Sums a list of tensors over the towers.
+        """
+        if self.model.global_batch_loss:
+            self._gather = functools.partial(
+                gather_over_towers, sizes=sizes, sum_fn=sum_fn
+            )
+        try:
+            yield
+        finally:
+            self._gather = None
+
+    def compute(self, x, y, y_pred, sample_weight, training):
+        """The model's `compute_loss`: of the global batch while `gathering`,
+        else of this shard."""
+        model, gather = self.model, self._gather
+        checks.check_no_coupled_loss(model)
+        if gather is not None:
+            if type(model).compute_loss is not keras.Model.compute_loss:
+                x = gather_nest(x, gather)
+            y, y_pred, sample_weight = gather_nest((y, y_pred, sample_weight), gather)
+            self._towers.add(tf.distribute.get_replica_context())
+        return _keras_compat.compute_loss(
+            model, x, y, y_pred, sample_weight, training=training
+        )
+
+    def weigh(self, loss, weight, losses):
+        """`weigh_loss` of the tower's last `compute`d (or given) loss."""
+        context = tf.distribute.get_replica_context()
+        whole = context in self._towers
+        self._towers.discard(context)
+        return weigh_loss(loss, weight, losses, whole_batch=whole)
+
+    def tower_loss(self, x, y, y_pred, sample_weight, weight, losses, training):
+        """This tower's weighted share of the step's loss and of each output's.
+
+        See `kerastower.step.loss_weighting` for the rule.
+        """
+        loss = self.compute(x, y, y_pred, sample_weight, training)
+        return self.weigh(loss, weight, losses)
+
+    @staticmethod
+    def combine(per_tower):
+        """Adds up the towers' weighted losses and per-output losses."""
+        loss = tf.add_n([t[1] for t in per_tower])
+        per_output = [tf.add_n(list(v)) for v in zip(*[t[3] for t in per_tower])]
+        y_pred = concat_nest([with_masks(t[2], t[4]) for t in per_tower])
+        return loss, y_pred, per_output, masks_of(y_pred)
+
+    def update_metrics(self, per_output, batch):
+        """Updates Keras's per-output loss metrics once, with global values."""
+        batch_dim = first_leaf(batch).shape[0]
+        metrics = _keras_compat.per_output_loss_metrics(self.model)
+        for metric, value in zip(
+            metrics, workers.sum_over_workers(self.model, per_output)
+        ):
+            metric.update_state(value, sample_weight=batch_dim)

@@ -27,7 +27,7 @@ import sys
 import tempfile
 from collections.abc import Iterator, Sequence
 
-from kerastower.cli import launch_command
+from kerastower.cli import arguments, launch_command
 
 DEFAULT_CPU_TOWERS = 4
 DEFAULT_TOLERANCE = 1e-4
@@ -75,18 +75,8 @@ def _import_tensorflow(verbose: bool) -> None:
         import tensorflow  # noqa: F401
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}")
-    return value
-
-
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+def _parser() -> arguments.Parser:
+    parser = arguments.Parser(
         prog="kerastower",
         description="Train one Keras model on several devices, exactly.",
     )
@@ -104,13 +94,13 @@ def _parser() -> argparse.ArgumentParser:
             "and the largest weight difference between the two runs."
         ),
     )
-    _add_device_arguments(demo)
+    _add_device_arguments(demo, f"{DEFAULT_CPU_TOWERS} logical CPUs")
     demo.add_argument(
-        "--epochs", type=_positive_int, default=3, help="epochs (default: 3)"
+        "--epochs", type=arguments.positive_int, default=3, help="epochs (default: 3)"
     )
     demo.add_argument(
         "--batch-size",
-        type=_positive_int,
+        type=arguments.positive_int,
         default=30,
         help="the global batch size, all towers together (default: 30)",
     )
@@ -124,7 +114,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     demo.add_argument(
         "--tolerance",
-        type=float,
+        type=arguments.positive_float,
         default=DEFAULT_TOLERANCE,
         help="largest weight difference accepted as exact (default: 1e-4)",
     )
@@ -137,7 +127,7 @@ def _parser() -> argparse.ArgumentParser:
         help="list the devices towers would use",
         description="List the devices TowerModel would use, one per tower.",
     )
-    _add_device_arguments(devices)
+    _add_device_arguments(devices, "the one CPU")
 
     launcher = commands.add_parser(
         "launch",
@@ -152,6 +142,7 @@ def _parser() -> argparse.ArgumentParser:
         allow_abbrev=False,
     )
     launch_command.add_arguments(launcher)
+    parser.commands.update(demo=demo, devices=devices, launch=launcher)
     return parser
 
 
@@ -195,16 +186,13 @@ def _add_verbose_argument(parser: argparse.ArgumentParser, **kwargs) -> None:
     )
 
 
-def _add_device_arguments(parser: argparse.ArgumentParser) -> None:
+def _add_device_arguments(parser: argparse.ArgumentParser, on_cpu: str) -> None:
     _add_verbose_argument(parser, default=argparse.SUPPRESS)
     parser.add_argument(
         "--towers",
-        type=_positive_int,
+        type=arguments.positive_int,
         default=None,
-        help=(
-            "number of towers (default: every GPU; without a GPU, "
-            f"{DEFAULT_CPU_TOWERS} logical CPUs for demo, 1 for devices)"
-        ),
+        help=f"number of towers (default: every GPU; without a GPU, {on_cpu})",
     )
     parser.add_argument(
         "--device",
@@ -216,6 +204,21 @@ def _add_device_arguments(parser: argparse.ArgumentParser) -> None:
 
 class _UsageError(Exception):
     """A problem with the command line, reported without a traceback."""
+
+
+def _check_log_dir(log_dir: str | None) -> None:
+    """Fails before training when `log_dir` cannot be created or written."""
+    if log_dir is None:
+        return
+    try:
+        os.makedirs(log_dir, exist_ok=True)
+        with tempfile.TemporaryFile(dir=log_dir):
+            pass
+    except OSError as error:
+        raise _UsageError(
+            f"`--log-dir` must be a directory that can be written. Received: "
+            f"--log-dir={log_dir!r} ({error.strerror or error})"
+        ) from None
 
 
 def _setup_towers(towers: int | None, device: str, cpu_default: int) -> list[str]:
@@ -339,12 +342,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         at = argv.index("launch") + 1
         launcher_argv, script_argv = launch_command.split_argv(argv[at:])
         argv = argv[:at] + launcher_argv
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    parser.active = _command(argv)
+    args = parser.parse_args(argv)
     if args.command == "launch":
         try:
             return launch_command.run(args, script_argv)
         except ValueError as error:
-            print(f"kerastower launch: error: {error}", file=sys.stderr)
+            print(
+                f"kerastower launch: error: {arguments.as_flags(error)}",
+                file=sys.stderr,
+            )
             return 2
     _import_tensorflow(getattr(args, "verbose", False))
     from kerastower.devices import configure_from_environment
@@ -355,6 +363,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _devices_command(args)
         from kerastower.cli import demo
 
+        _check_log_dir(args.log_dir)
         devices = _setup_towers(args.towers, args.device, DEFAULT_CPU_TOWERS)
         return demo.run(
             devices,

@@ -105,7 +105,15 @@ def run(args: argparse.Namespace, script_argv: Sequence[str]) -> int:
     if args.index is not None or args.export:
         raise ValueError("`--index` and `--export` go with `--hosts`.")
     if not script_argv or args.num_workers is None:
-        raise ValueError("`-n` and a script are required to start workers.")
+        raise ValueError(
+            "`-n` and a script are required to start workers (or `--hosts` and "
+            "`--index` to print the TF_CONFIG of a worker of a real cluster)."
+        )
+    if not args.grace_period >= 0:
+        raise ValueError(
+            "`--grace-period` must be a number of seconds >= 0. Received: "
+            f"--grace-period={args.grace_period:g}"
+        )
     if not args.module and not os.path.exists(script_argv[0]):
         raise ValueError(
             f"`script` must be an existing file. Received: script={script_argv[0]!r}"

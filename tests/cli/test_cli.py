@@ -64,6 +64,19 @@ def test_demo_trains_over_towers_and_matches_one_device(tmp_path):
     ]
 
 
+def test_the_readme_demo_command_is_exact():
+    # `kerastower demo` as the README pastes it: 4 towers, batches of 30 cut
+    # [8, 8, 7, 7] and a last one of 27, three epochs of Adam.
+    result = run(sys.executable, "-m", "kerastower", "demo")
+    out = result.stdout
+    assert result.returncode == 0, out + result.stderr
+    assert "Epoch 3/3" in out and "4 x logical CPU" in out
+    assert "global batch 30 -> per tower [8, 8, 7, 7]" in out
+    difference = re.search(r"max \|w_towers - w_one_device\| = (\S+)", out)
+    assert difference, out
+    assert float(difference.group(1)) < 1e-5
+
+
 def test_devices_lists_the_towers():
     result = run(sys.executable, "-m", "kerastower", "devices", "--towers", "3")
     assert result.returncode == 0, result.stderr
@@ -195,6 +208,28 @@ def test_usage_errors():
         cli.main(["demo", "--epochs", "two"])
     # No GPU here: refused before any TensorFlow work.
     assert cli.main(["demo", "--device", "gpu"]) == 2
+    for tolerance in ("-1", "0", "nan", "inf", "x"):
+        with pytest.raises(SystemExit):
+            cli.main(["demo", "--tolerance", tolerance])
+
+
+def test_an_unwritable_log_dir_is_refused_before_training(tmp_path, capsys):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    assert cli.main(["demo", "--log-dir", str(blocker / "logs")]) == 2
+    err = capsys.readouterr().err
+    assert "kerastower demo: error: `--log-dir` must be a directory" in err
+
+
+def test_each_command_says_its_own_default_towers(capsys):
+    for command, default in (("demo", "4 logical CPUs"), ("devices", "the one CPU")):
+        with pytest.raises(SystemExit):
+            cli.main([command, "--help"])
+        help_text = " ".join(capsys.readouterr().out.split())
+        assert f"without a GPU, {default})" in help_text
+    with pytest.raises(SystemExit):
+        cli.main(["demo", "--epocs", "2"])
+    assert "(did you mean --epochs?)" in capsys.readouterr().err
 
 
 def test_report_flags_a_run_that_is_not_exact():

@@ -456,13 +456,18 @@ def test_export_quotes_for_the_shell(capsys):
     "argv, message",
     [
         (["-n", "0", "SCRIPT"], r"`-n` must be an integer >= 1\. Received: -n=0"),
-        (["-n", "2", "--towers", "2,3,4", "SCRIPT"], r"Received: towers=\[2, 3, 4\]"),
+        (
+            ["-n", "2", "--towers", "2,3,4", "SCRIPT"],
+            r"`--towers` must .* Received: --towers=\[2, 3, 4\]",
+        ),
         (["-n", "2", "missing.py"], r"Received: script='missing.py'"),
         (["SCRIPT"], r"`-n` and a script are required"),
         (["-n", "2"], r"`-n` and a script are required"),
         (["--hosts", "a:1"], r"`--index` is required with `--hosts`"),
         (["--hosts", "a:1", "--index", "0", "SCRIPT"], r"starts nothing"),
-        (["--hosts", "a:1", "--index", "1"], r"Received: index=1"),
+        (["--hosts", "a:1", "--index", "1"], r"`--index` must .* Received: --index=1"),
+        (["-n", "1", "--grace-period", "-1", "SCRIPT"], r"--grace-period=-1"),
+        ([], r"or `--hosts` and `--index`"),
         (["--hosts", "a", "--index", "0"], r"Received: host='a'"),
         (["--index", "0", "-n", "1", "SCRIPT"], r"go with `--hosts`"),
     ],
@@ -474,3 +479,12 @@ def test_usage_errors_exit_2_with_a_message(tmp_path, capsys, argv, message):
     err = capsys.readouterr().err
     assert err.startswith("kerastower launch: error: ")
     assert re.search(message, err), err
+
+
+def test_an_unknown_flag_names_the_closest_one(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["launch", "--workers", "2", "script.py"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("usage: kerastower launch")
+    assert "unrecognized arguments: --workers (did you mean --num-workers?)\n" in err

@@ -11,6 +11,11 @@ declares, and every pair of them is run:
   when any pair fails, after running the others.
 - ``nox -s oldest`` runs `CI_SUITES` on the oldest pair; ``.ci/run`` runs it
   (the newest pair is what CI's own interpreter tests).
+- ``nox -s package`` builds the sdist and the wheel, checks them with
+  ``twine check --strict``, and installs the wheel the ways the installation
+  page gives: with the ``cpu`` extra into an empty virtual environment, and
+  without an extra into one that already has TensorFlow (which must stay as
+  it was). Each ends in ``kerastower demo --epochs 1``.
 
 ``python noxfile.py --table`` prints the last results as the Markdown table
 that ``docs/installation.md`` shows, and ``python noxfile.py --docs`` writes
@@ -25,6 +30,7 @@ from __future__ import annotations
 import fcntl
 import json
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -47,12 +53,10 @@ SUITES = [
     "tests/test_keras_compat.py",
     "tests/properties",
 ]
-# What CI runs on the oldest pair, in about five minutes with the install.
-CI_SUITES = [
-    "tests/test_equivalence.py",
-    "tests/test_keras_compat.py",
-    "tests/properties",
-]
+# What CI runs on the oldest pair, in about five minutes with the install: the
+# tests marked `core` (tests/conftest.py: equivalence, Keras compatibility and
+# the property tests).
+CI_SUITES = ["-m", "core", "tests"]
 TEST_REQUIREMENTS = ["pytest>=8", "hypothesis>=6.100", "scikit-learn>=1.3"]
 
 nox.options.reuse_existing_virtualenvs = True
@@ -227,6 +231,54 @@ def oldest(session: nox.Session) -> None:
     session.log(f"{row}")
     if row["outcome"] != "passed":
         session.error(f"Keras {keras} with TensorFlow {tensorflow} fails")
+
+
+def _venv(session: nox.Session, path: Path, *requirements: str) -> Path:
+    """A fresh virtual environment at `path` with `requirements`; its ``bin``."""
+    shutil.rmtree(path, ignore_errors=True)
+    session.run(sys.executable, "-m", "venv", str(path), external=True)
+    bin_dir = path / "bin"
+    if requirements:
+        session.run(bin_dir / "pip", "install", "-q", *requirements, external=True)
+    return bin_dir
+
+
+def _tensorflow_packages(session: nox.Session, bin_dir: Path) -> list[str]:
+    frozen = session.run(bin_dir / "pip", "freeze", silent=True, external=True)
+    return sorted(line for line in frozen.split() if line.startswith("tensorflow"))
+
+
+def _demo(session: nox.Session, bin_dir: Path) -> None:
+    session.run(bin_dir / "kerastower", "--version", external=True, env=_ENV)
+    session.run(bin_dir / "kerastower", "demo", "--epochs", "1", external=True)
+
+
+@nox.session
+def package(session: nox.Session) -> None:
+    """Builds, checks and installs the wheel along the installation page's paths."""
+    session.install("build>=1", "twine>=5")
+    tmp = Path(session.create_tmp())
+    dist = tmp / "dist"
+    shutil.rmtree(dist, ignore_errors=True)
+    session.run("python", "-m", "build", "--outdir", str(dist), str(ROOT))
+    sdists, wheels = list(dist.glob("*.tar.gz")), list(dist.glob("*.whl"))
+    if len(sdists) != 1 or len(wheels) != 1:
+        session.error(f"expected one sdist and one wheel. Received: {sdists + wheels}")
+    session.run("twine", "check", "--strict", str(sdists[0]), str(wheels[0]))
+    wheel = wheels[0]
+
+    # CPU only: nothing installed before; the extra brings TensorFlow.
+    cpu = _venv(session, tmp / "cpu", f"{wheel}[cpu]")
+    _demo(session, cpu)
+
+    # TensorFlow already installed: the wheel without an extra keeps it.
+    existing = _venv(session, tmp / "existing", f"tensorflow-cpu=={TENSORFLOW[0]}")
+    before = _tensorflow_packages(session, existing)
+    session.run(existing / "pip", "install", "-q", str(wheel), external=True)
+    after = _tensorflow_packages(session, existing)
+    if after != before:
+        session.error(f"installing kerastower changed TensorFlow: {before} -> {after}")
+    _demo(session, existing)
 
 
 def table() -> str:

@@ -1,7 +1,9 @@
 """``python -m bench``: every benchmark in one process run.
 
 Writes ``benchmarks.json`` (raw timings, medians, ratios, targets with
-pass/fail, machine and versions) and ``benchmarks.png`` to ``--out``.
+pass/fail, machine and versions) and ``benchmarks.png`` to ``--out``, and
+after a full run ``benchmarks.md``, the figures that ``docs/benchmarks.md``
+includes (`bench.page`).
 """
 
 from __future__ import annotations
@@ -220,6 +222,11 @@ def run(settings: Settings, out: Path, quick: bool) -> dict[str, Any]:
     report.write_json(results, out / "benchmarks.json")
     report.plot(results, out / "benchmarks.png")
     _log(f"wrote {out / 'benchmarks.json'} and {out / 'benchmarks.png'}")
+    if not quick:
+        from bench import page
+
+        page.write(results, out / "benchmarks.md")
+        _log(f"wrote {out / 'benchmarks.md'}, which docs/benchmarks.md includes")
     for row in ratios:
         verdict = {True: "pass", False: "MISS", None: ""}[row.get("pass")]
         value = f"{row['ratio']:.3f}" if "ratio" in row else row.get("error", "")

@@ -117,12 +117,13 @@ def machine_info() -> dict[str, Any]:
 
     import kerastower
 
-    cpu = ""
+    cpu, flags = "", set()
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
+            if line.startswith("model name") and not cpu:
                 cpu = line.split(":", 1)[1].strip()
-                break
+            elif line.startswith("flags") and not flags:
+                flags = set(line.split(":", 1)[1].split())
     except OSError:
         pass
     try:
@@ -132,6 +133,7 @@ def machine_info() -> dict[str, Any]:
         memory_gib = None
     return {
         "cpu": cpu,
+        "cpu_features": sorted(flags & {"avx2", "avx512f", "amx_tile"}),
         "cpu_count": os.cpu_count(),
         "memory_gib": memory_gib,
         "platform": platform.platform(),
@@ -244,7 +246,10 @@ def plot(results: dict[str, Any], path: Path) -> None:
 
 
 def markdown(results: dict[str, Any]) -> str:
-    """The tables of the docs' Benchmarks page, from a results dict."""
+    """Every table of a results dict, targets and verdicts included, as markdown.
+
+    `bench.page` writes the figures that the docs' Benchmarks page shows.
+    """
     suites = results["timing"]["suites"]
     lines = [
         "| Suite | Ratio | Value | Target | Verdict | Whole-epoch ratio |",
@@ -301,10 +306,39 @@ def markdown(results: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-if __name__ == "__main__":
-    import sys
+def main(argv: list[str] | None = None) -> None:
+    """``python -m bench.report [JSON] [--docs]``: tables of a results file."""
+    import argparse
 
-    source = Path(sys.argv[1]) if len(sys.argv) > 1 else Path(__file__).parent
-    if source.is_dir():
-        source = source / "results" / "benchmarks.json"
-    print(markdown(json.loads(source.read_text())))
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.report",
+        description="Every table of a benchmarks.json as markdown.",
+    )
+    parser.add_argument(
+        "source",
+        nargs="?",
+        type=Path,
+        default=Path(__file__).parent / "results" / "benchmarks.json",
+        help="benchmarks.json, or a folder that holds it (default: bench/results/)",
+    )
+    parser.add_argument(
+        "--docs",
+        action="store_true",
+        help="write benchmarks.md beside the JSON: the figures that "
+        "docs/benchmarks.md includes",
+    )
+    args = parser.parse_args(argv)
+    source = args.source / "benchmarks.json" if args.source.is_dir() else args.source
+    results = json.loads(source.read_text())
+    if args.docs:
+        from bench import page
+
+        target = source.with_suffix(".md")
+        page.write(results, target)
+        print(f"wrote {target}")
+    else:
+        print(markdown(results))
+
+
+if __name__ == "__main__":
+    main()

@@ -22,3 +22,14 @@ def float64():
 
     with in_float64():
         yield
+
+
+# The core of the promise, towers against one device, in a few minutes:
+# `python -m pytest -m core` (README), and what `nox -s oldest` runs.
+CORE = ("tests/test_equivalence.py", "tests/test_keras_compat.py", "tests/properties/")
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.nodeid.startswith(CORE):
+            item.add_marker(pytest.mark.core)

@@ -18,7 +18,12 @@ ROOT = pathlib.Path(__file__).resolve().parents[1] / "kerastower"
 # name ending in "." stands for every module of that package.
 LAYERS = [
     # The fence around private Keras and TensorFlow, and plain-Python helpers.
-    ["kerastower._keras_compat.", "kerastower.cluster", "kerastower.worker_configs"],
+    [
+        "kerastower._keras_compat.",
+        "kerastower.cluster",
+        "kerastower.worker_configs",
+        "kerastower.slurm",
+    ],
     # This process's devices and cluster, and the public plain functions.
     [
         "kerastower.devices",

@@ -421,3 +421,20 @@ def test_the_table_lists_every_case():
     assert len(rows) == len(set(rows)), "a row id appears twice"
     assert sorted(rows) == sorted([*ERRORS, *QUIET])
     assert len(rows) >= 15
+
+
+def test_the_pages_count_the_cases_as_the_tests_do():
+    counts = (len(ERRORS) + len(QUIET), len(ERRORS), len(QUIET))
+    table = re.search(
+        r"(\d+) inputs are listed: (\d+) raise an\s+error, (\d+) do not",
+        TABLE.read_text(),
+    )
+    assert table, "bad-inputs.md no longer states its counts"
+    assert tuple(map(int, table.groups())) == counts
+    reliability = (TABLE.parent / "reliability.md").read_text()
+    summary = re.search(
+        r"lists (\d+) bad inputs.*?(\d+) raise an error and (\d+) are accepted",
+        " ".join(reliability.split()),
+    )
+    assert summary, "reliability.md no longer states the bad-inputs counts"
+    assert tuple(map(int, summary.groups())) == counts

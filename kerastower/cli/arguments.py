@@ -15,6 +15,8 @@ FLAG_NAMES = {
     "towers": "--towers",
     "grace_period": "--grace-period",
     "index": "--index",
+    "port_base": "--port-base",
+    "gpus_per_task": "--gpus-per-task",
 }
 
 

@@ -79,6 +79,11 @@ def _parser() -> arguments.Parser:
     parser = arguments.Parser(
         prog="kerastower",
         description="Train one Keras model on several devices, exactly.",
+        epilog=(
+            "Exit status: 0 on success, 2 for a usage error; `demo` exits 1 "
+            "when the towers differ from one device, `launch` with the first "
+            "failed worker's status."
+        ),
     )
     parser.add_argument("--version", action=_VersionAction)
     _add_verbose_argument(parser)
@@ -92,6 +97,10 @@ def _parser() -> arguments.Parser:
             "towers, train it again on one device from the same initial "
             "weights, and report the batch split, accuracy, time per epoch "
             "and the largest weight difference between the two runs."
+        ),
+        epilog=(
+            "Exit status: 0 when the towers match one device within "
+            "--tolerance, 1 when they do not, 2 for a usage error."
         ),
     )
     _add_device_arguments(demo, f"{DEFAULT_CPU_TOWERS} logical CPUs")
@@ -136,7 +145,9 @@ def _parser() -> arguments.Parser:
             "Start N local worker processes of one cluster, each running "
             "`python script args...` with its own TF_CONFIG (the arguments "
             "after the script go to it unchanged); or, with --hosts, print the "
-            "TF_CONFIG of one worker of a real cluster."
+            "TF_CONFIG of one worker of a real cluster; or, with --slurm under "
+            "srun, run this Slurm task's worker with the TF_CONFIG that Slurm's "
+            "environment gives."
         ),
         usage=launch_command.USAGE,
         allow_abbrev=False,

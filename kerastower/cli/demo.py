@@ -10,6 +10,7 @@ rounding level.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from importlib import resources
 
 import keras
 import numpy as np
@@ -21,11 +22,14 @@ from kerastower.step.shards import split_sizes
 
 
 def load_digits(seed: int = 0, test_size: int = 360):
-    """Returns ``(x_train, y_train), (x_test, y_test)`` from scikit-learn's digits.
+    """Returns ``(x_train, y_train), (x_test, y_test)`` of handwritten digits.
 
-    The 1,797 8x8 images ship with scikit-learn, so nothing is downloaded.
-    Pixels are scaled to ``[0, 1]`` and shaped ``(8, 8, 1)``; the order is
-    shuffled once with `seed` before the split.
+    The 1,797 8x8 images of scikit-learn's ``load_digits`` (the test set of
+    the UCI "Optical Recognition of Handwritten Digits" data, E. Alpaydin and
+    C. Kaynak, CC BY 4.0) ship with kerastower as ``digits.npz``, so the demo
+    needs neither a download nor scikit-learn. Pixels are scaled from
+    ``0..16`` to ``[0, 1]`` and shaped ``(8, 8, 1)``; the order is shuffled
+    once with `seed` before the split.
 
     Args:
         seed: Seed of the shuffle. Defaults to 0.
@@ -34,21 +38,12 @@ def load_digits(seed: int = 0, test_size: int = 360):
 
     Returns:
         Two ``(images, labels)`` pairs of float32 and int32 arrays.
-
-    Raises:
-        ImportError: If scikit-learn is not installed (``pip install
-            "kerastower[demo]"``).
     """
-    try:
-        from sklearn.datasets import load_digits as sklearn_digits
-    except ImportError as error:  # pragma: no cover - depends on the install
-        raise ImportError(
-            "The demo needs scikit-learn for its bundled digits: "
-            'pip install "kerastower[demo]"'
-        ) from error
-    digits = sklearn_digits()
-    x = (digits.images / 16.0).astype("float32")[..., None]
-    y = digits.target.astype("int32")
+    with resources.files(__package__).joinpath("digits.npz").open("rb") as file:
+        digits = np.load(file)
+        images, labels = digits["images"], digits["labels"]
+    x = (images / 16.0).astype("float32")[..., None]
+    y = labels.astype("int32")
     order = np.random.default_rng(seed).permutation(len(x))
     x, y = x[order], y[order]
     cut = len(x) - test_size

@@ -1,6 +1,7 @@
 """``kerastower launch``'s command line: its options and what they run.
 
-The launcher itself is `kerastower.launch.launch`; this module parses
+The launcher itself is `kerastower.launch.launch` (and
+`kerastower.launch.launch_slurm_task` for ``--slurm``); this module parses
 ``launch``'s arguments (the script's go to the workers untouched) and prints
 a `TF_CONFIG` for ``--hosts``. Plain Python, no TensorFlow.
 """
@@ -13,16 +14,20 @@ import os
 import shlex
 from collections.abc import Sequence
 
-from kerastower.launch import DEFAULT_GRACE_PERIOD, launch
+from kerastower.launch import DEFAULT_GRACE_PERIOD, launch, launch_slurm_task
+from kerastower.slurm import DEFAULT_PORT_BASE
 from kerastower.worker_configs import check_count, tf_config_for
 
 USAGE = (
     "%(prog)s [-h] -n N [--towers K[,K...]] [--grace-period S] [-m] "
     "script [args ...]\n       %(prog)s --hosts HOST:PORT[,...] --index I [--export]"
+    "\n       %(prog)s --slurm [--port-base P] [--gpus-per-task G] "
+    "[--towers K[,K...]] [--grace-period S] [-m] script [args ...]"
 )
 # The options of `add_arguments` that take a value.
 _VALUE_OPTIONS = frozenset(
-    "-n --num-workers --towers --grace-period --hosts --index".split()
+    "-n --num-workers --towers --grace-period --hosts --index --port-base "
+    "--gpus-per-task".split()
 )
 
 
@@ -58,6 +63,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--export", action="store_true", help="print it as a shell export line"
     )
+    parser.add_argument(
+        "--slurm",
+        action="store_true",
+        help="run this Slurm task's worker, its TF_CONFIG read from Slurm's "
+        "environment (one launcher per task: srun kerastower launch --slurm ...)",
+    )
+    parser.add_argument(
+        "--port-base",
+        type=int,
+        metavar="P",
+        help="with --slurm: the port of the first task on each node "
+        f"(default: {DEFAULT_PORT_BASE}; the next tasks take the next ports)",
+    )
+    parser.add_argument(
+        "--gpus-per-task",
+        type=int,
+        metavar="G",
+        help="with --slurm: set CUDA_VISIBLE_DEVICES to the task's G GPUs "
+        "(default: SLURM_GPUS_PER_TASK; without it, leave it as it is)",
+    )
 
 
 def split_argv(argv: Sequence[str]) -> tuple[list[str], list[str]]:
@@ -86,11 +111,21 @@ def run(args: argparse.Namespace, script_argv: Sequence[str]) -> int:
         script_argv: The script (or module) and its arguments.
 
     Returns:
-        The exit status: that of `launch`, or 0 after printing a `TF_CONFIG`.
+        The exit status: that of `launch` or `launch_slurm_task`, or 0 after
+        printing a `TF_CONFIG`.
 
     Raises:
         ValueError: For a usage error, with the message to show.
     """
+    if args.slurm and (args.num_workers is not None or args.hosts is not None):
+        raise ValueError(
+            "`--slurm` takes the workers from Slurm's environment: leave out "
+            "`-n` and `--hosts`."
+        )
+    if not args.slurm and (
+        args.port_base is not None or args.gpus_per_task is not None
+    ):
+        raise ValueError("`--port-base` and `--gpus-per-task` go with `--slurm`.")
     if args.hosts is not None:
         if script_argv or args.num_workers or args.towers or args.module:
             raise ValueError(
@@ -104,7 +139,9 @@ def run(args: argparse.Namespace, script_argv: Sequence[str]) -> int:
         return 0
     if args.index is not None or args.export:
         raise ValueError("`--index` and `--export` go with `--hosts`.")
-    if not script_argv or args.num_workers is None:
+    if args.slurm and not script_argv:
+        raise ValueError("`--slurm` needs a script to run.")
+    if not script_argv or (args.num_workers is None and not args.slurm):
         raise ValueError(
             "`-n` and a script are required to start workers (or `--hosts` and "
             "`--index` to print the TF_CONFIG of a worker of a real cluster)."
@@ -117,6 +154,15 @@ def run(args: argparse.Namespace, script_argv: Sequence[str]) -> int:
     if not args.module and not os.path.exists(script_argv[0]):
         raise ValueError(
             f"`script` must be an existing file. Received: script={script_argv[0]!r}"
+        )
+    if args.slurm:
+        return launch_slurm_task(
+            script_argv,
+            port_base=DEFAULT_PORT_BASE if args.port_base is None else args.port_base,
+            gpus_per_task=args.gpus_per_task,
+            towers=args.towers,
+            module=args.module,
+            grace_period=args.grace_period,
         )
     return launch(
         script_argv,

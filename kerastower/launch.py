@@ -4,7 +4,8 @@
 workers, each ``python train.py --epochs 3`` with its own `TF_CONFIG` (free
 ports on ``127.0.0.1``) and ``KERASTOWER_LOGICAL_DEVICES=2`` (the logical CPUs
 kerastower makes on a machine without a GPU), and streams their output with
-each line prefixed ``[worker i]``. The first failure stops the other workers;
+each line prefixed ``[worker i]``. The first failure stops the other workers
+(with ``--max-restarts K``, then starts them all again, up to K times);
 Ctrl-C reaches them as SIGTERM. ``kerastower launch --hosts a:2222,b:2222
 --index 0`` starts nothing: it prints worker 0's `TF_CONFIG`. Under Slurm,
 ``srun kerastower launch --slurm train.py`` runs one worker per Slurm task,
@@ -15,18 +16,11 @@ cluster.
 
 from __future__ import annotations
 
-import ctypes
-import functools
 import json
 import os
 import signal
-import subprocess
 import sys
-import threading
-import time
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
-from typing import Any, TextIO
+from collections.abc import Sequence
 
 from kerastower.slurm import DEFAULT_PORT_BASE, slurm_task
 from kerastower.worker_configs import (
@@ -35,6 +29,14 @@ from kerastower.worker_configs import (
     free_loopback_ports,
     tf_config_for,
     towers_per_worker,
+)
+from kerastower.worker_group import (
+    WorkerGroup,
+    exit_status,
+    join,
+    run_group,
+    say,
+    signals_recorded,
 )
 
 __all__ = [
@@ -47,198 +49,23 @@ __all__ = [
 ]
 
 DEFAULT_GRACE_PERIOD = 10.0
-_POLL_SECONDS = 0.05
-_POSIX = os.name == "posix"
-_KILL = signal.SIGKILL if _POSIX else signal.SIGTERM
-_LINUX = sys.platform.startswith("linux")
-_PR_SET_PDEATHSIG = 1
+# Set in every worker's environment: how many times the launcher restarted
+# the workers before starting this one (0 for the first start).
+RESTART_COUNT_VARIABLE = "KERASTOWER_RESTART_COUNT"
+# The exit status of a worker that backed up and stopped on SIGTERM, as
+# `kerastower.callbacks.BackupAndRestore` does on preemption: 128 + SIGTERM.
+PREEMPTED = 128 + signal.SIGTERM
 
 
-def _worker_env(hosts: list[str], index: int, towers: int | None) -> dict[str, str]:
+def _worker_env(
+    hosts: list[str], index: int, towers: int | None, restarts: int = 0
+) -> dict[str, str]:
     env = dict(os.environ, TF_CONFIG=json.dumps(tf_config_for(hosts, index)))
     env["PYTHONUNBUFFERED"] = "1"  # the output streams line by line
+    env[RESTART_COUNT_VARIABLE] = str(restarts)
     if towers is not None:
         env[LOGICAL_DEVICES_VARIABLE] = str(towers)
     return env
-
-
-def _exit_status(returncode: int) -> int:
-    """The status a shell shows for a return code: 128 + n for signal n."""
-    return 128 - returncode if returncode < 0 else returncode
-
-
-def _describe_exit(returncode: int) -> str:
-    if returncode >= 0:
-        return f"exited with {returncode}"
-    try:
-        return f"was killed by {signal.Signals(-returncode).name}"
-    except ValueError:
-        return f"was killed by signal {-returncode}"
-
-
-def _say(message: str) -> None:
-    sys.stderr.write(f"kerastower launch: {message}\n")  # one write: one line
-    sys.stderr.flush()
-
-
-def _pump(pipe: Any, prefix: str, stream_name: str, lock: threading.Lock) -> None:
-    """Copies a child's pipe line by line to ``sys.<stream_name>``, prefixed."""
-    with pipe:
-        for raw in iter(pipe.readline, b""):
-            line = prefix + raw.decode(errors="replace").rstrip("\r\n") + "\n"
-            with lock:
-                stream: TextIO = getattr(sys, stream_name)
-                stream.write(line)
-                stream.flush()
-
-
-def _send(proc: subprocess.Popen, sig: int) -> None:
-    """Signals a worker and whatever it started (its own process group)."""
-    if proc.poll() is not None:
-        return
-    try:
-        if _POSIX:
-            os.killpg(proc.pid, sig)
-        else:
-            proc.terminate()
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
-@contextmanager
-def _signals_recorded() -> Iterator[list[int]]:
-    """Records SIGINT and SIGTERM instead of acting on them, in the main thread."""
-    received: list[int] = []
-    if threading.current_thread() is not threading.main_thread():
-        yield received
-        return
-    previous = {}
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        previous[sig] = signal.signal(sig, lambda signum, _: received.append(signum))
-    try:
-        yield received
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-
-
-def _die_with(launcher_pid: int) -> None:
-    """In a new worker (Linux): SIGTERM when the launcher dies, even by SIGKILL.
-
-    Without it, a launcher killed outright would leave its workers running,
-    each in a session of its own.
-    """
-    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-    if os.getppid() != launcher_pid:  # it died before prctl took effect
-        os.kill(os.getpid(), signal.SIGTERM)
-
-
-class _Workers:
-    """The running worker processes and the threads that stream their output.
-
-    Args:
-        first_index: The index of the first worker, in messages and prefixes.
-        streamed: Whether the workers' output is streamed, line by line and
-            prefixed; if not, they write to this process's output directly.
-    """
-
-    def __init__(self, first_index: int = 0, streamed: bool = True):
-        self.first_index = first_index
-        self.streamed = streamed
-        self.procs: list[subprocess.Popen] = []
-        self.threads: list[threading.Thread] = []
-        self.lock = threading.Lock()
-
-    def start(self, command: list[str], env: dict[str, str]) -> None:
-        # Its own session: Ctrl-C at a terminal reaches the launcher only,
-        # which gives the workers SIGTERM and time to save a checkpoint.
-        output = subprocess.PIPE if self.streamed else None
-        proc = subprocess.Popen(
-            command,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=output,
-            stderr=output,
-            start_new_session=_POSIX,
-            preexec_fn=functools.partial(_die_with, os.getpid()) if _LINUX else None,
-        )
-        prefix = f"[worker {self.first_index + len(self.procs)}] "
-        self.procs.append(proc)
-        if not self.streamed:
-            return
-        for pipe, name in ((proc.stdout, "stdout"), (proc.stderr, "stderr")):
-            args = (pipe, prefix, name, self.lock)
-            self.threads.append(threading.Thread(target=_pump, args=args, daemon=True))
-            self.threads[-1].start()
-
-    def running(self) -> list[int]:
-        return [i for i, p in enumerate(self.procs) if p.poll() is None]
-
-    def names(self, positions: Sequence[int]) -> str:
-        """The workers at `positions` of `procs`, as messages name them."""
-        return _join([self.first_index + i for i in positions])
-
-    def stop(self, grace_period: float, signals: list[int]) -> list[int]:
-        """SIGTERM to every running worker, SIGKILL after the grace period.
-
-        A further signal to the launcher ends the grace period at once.
-
-        Returns:
-            The indices of the workers that had to be killed.
-        """
-        seen = len(signals)
-        for i in self.running():
-            _send(self.procs[i], signal.SIGTERM)
-        deadline = time.monotonic() + grace_period
-        while self.running() and time.monotonic() < deadline and len(signals) == seen:
-            time.sleep(_POLL_SECONDS)
-        killed = self.running()
-        for i in killed:
-            _send(self.procs[i], _KILL)
-        for proc in self.procs:
-            proc.wait()
-        return killed
-
-    def wait(self, grace_period: float, signals: list[int]) -> int:
-        """Waits for every worker to succeed, or for the first failure or signal."""
-        while not signals:
-            # One poll per worker per round: a worker that ends between two
-            # polls must not look finished without its status being read.
-            codes = [p.poll() for p in self.procs]
-            failed = [p for p, code in zip(self.procs, codes) if code not in (None, 0)]
-            if failed:
-                i, others = self.procs.index(failed[0]), self.running()
-                killed = self.stop(grace_period, signals)
-                _say(
-                    f"worker {self.names([i])} {_describe_exit(failed[0].returncode)}"
-                    + ("; stopped the others" if others else "")
-                    + (f" (killed worker(s) {self.names(killed)})" if killed else "")
-                )
-                return _exit_status(failed[0].returncode)
-            if None not in codes:
-                return 0
-            time.sleep(_POLL_SECONDS)
-        _say(
-            f"{signal.Signals(signals[0]).name} received; stopping the workers "
-            f"(SIGTERM, then SIGKILL after {grace_period:g} s)"
-        )
-        killed = self.stop(grace_period, signals)
-        if killed:
-            _say(f"killed worker(s) {self.names(killed)}")
-        return 128 + signals[0]
-
-    def close(self) -> None:
-        """Kills what still runs (after an error in the launcher); ends the output."""
-        for proc in self.procs:
-            _send(proc, _KILL)
-            proc.wait()
-        deadline = time.monotonic() + 2.0
-        for thread in self.threads:
-            thread.join(max(0.0, deadline - time.monotonic()))
-
-
-def _join(indices: Sequence[int]) -> str:
-    return ", ".join(str(i) for i in indices)
 
 
 def _checked_command(
@@ -255,22 +82,6 @@ def _checked_command(
     return [sys.executable, *(["-m"] if module else []), *script_argv]
 
 
-def _run(
-    workers: _Workers,
-    command: list[str],
-    envs: list[dict[str, str]],
-    grace_period: float,
-) -> int:
-    """Starts a worker per environment and waits for them; see `launch`."""
-    with _signals_recorded() as signals:
-        try:
-            for env in envs:
-                workers.start(command, env)
-            return workers.wait(grace_period, signals)
-        finally:
-            workers.close()
-
-
 def launch(
     script_argv: Sequence[str],
     num_workers: int,
@@ -278,22 +89,31 @@ def launch(
     *,
     module: bool = False,
     grace_period: float = DEFAULT_GRACE_PERIOD,
+    max_restarts: int = 0,
+    restart_preempted: bool = False,
 ) -> int:
     """Runs a script as `num_workers` local workers of one cluster.
 
     Each worker is ``python script args...`` (``python -m module args...``
     with `module`), with no standard input, in its own process group, and
     with this process's environment plus ``PYTHONUNBUFFERED=1``, a
-    `TF_CONFIG` naming every worker on a free port of ``127.0.0.1`` and, with
-    `towers`, ``KERASTOWER_LOGICAL_DEVICES`` set to its number of towers.
-    Their standard output and error are streamed line by line to this
-    process's, each line prefixed with ``[worker i] ``.
+    `TF_CONFIG` naming every worker on a free port of ``127.0.0.1``,
+    ``KERASTOWER_RESTART_COUNT`` (0, then 1 after the first restart, ...)
+    and, with `towers`, ``KERASTOWER_LOGICAL_DEVICES`` set to its number of
+    towers. Their standard output and error are streamed line by line to
+    this process's, each line prefixed with ``[worker i] ``.
 
     When a worker fails, the others get SIGTERM, then SIGKILL after
-    `grace_period` seconds, and the launcher returns the failed worker's exit
-    status (``128 + n`` when signal ``n`` killed it). SIGINT (Ctrl-C) or
-    SIGTERM to the launcher stops the workers the same way and returns
-    ``128 + signal`` (130 for Ctrl-C); a second one kills them at once.
+    `grace_period` seconds. With `max_restarts`, every worker is then started
+    again, on new ports, up to `max_restarts` times: a script that resumes
+    from `kerastower.callbacks.BackupAndRestore` goes on from its last
+    backup. A worker that exits with 143 (``128 + SIGTERM``: preempted, after
+    its backup) stops the job without a restart unless `restart_preempted`.
+    The launcher returns 0 when every worker of the last start exits with 0,
+    else the failed worker's exit status (``128 + n`` when signal ``n``
+    killed it). SIGINT (Ctrl-C) or SIGTERM to the launcher stops the workers
+    the same way, never restarts them, and returns ``128 + signal`` (130 for
+    Ctrl-C); a second one kills them at once.
 
     Args:
         script_argv: The script (or module) and its arguments, passed on
@@ -306,26 +126,49 @@ def launch(
             to ``False``.
         grace_period: Seconds between SIGTERM and SIGKILL when workers are
             stopped. Defaults to 10.0.
+        max_restarts: How many times to start every worker again after a
+            failure. Defaults to 0.
+        restart_preempted: Whether a worker's exit with 143 counts as a
+            failure, to restart from. Defaults to ``False``.
 
     Returns:
         The exit status: 0 when every worker exits with 0.
 
     Raises:
-        ValueError: If `script_argv` is empty, or `num_workers`, `towers` or
-            `grace_period` is invalid.
+        ValueError: If `script_argv` is empty, or `num_workers`, `towers`,
+            `grace_period` or `max_restarts` is invalid.
     """
     command = _checked_command(script_argv, module, grace_period)
     counts = towers_per_worker(towers, num_workers)
-    hosts = [f"{LOOPBACK}:{port}" for port in free_loopback_ports(num_workers)]
-    envs = [
-        _worker_env(hosts, i, None if counts is None else counts[i])
-        for i in range(num_workers)
-    ]
-    _say(
-        f"starting {num_workers} worker(s) on {', '.join(hosts)}"
-        + ("" if counts is None else f", towers {_join(counts)}")
-    )
-    return _run(_Workers(), command, envs, grace_period)
+    if not (isinstance(max_restarts, int) and max_restarts >= 0):
+        raise ValueError(
+            f"`max_restarts` must be an integer >= 0. Received: "
+            f"max_restarts={max_restarts!r}"
+        )
+    restarts = 0
+    with signals_recorded() as signals:
+        while True:
+            # New ports each time: the last start's may still be held.
+            hosts = [f"{LOOPBACK}:{port}" for port in free_loopback_ports(num_workers)]
+            envs = [
+                _worker_env(hosts, i, None if counts is None else counts[i], restarts)
+                for i in range(num_workers)
+            ]
+            say(
+                f"starting {num_workers} worker(s) on {', '.join(hosts)}"
+                + ("" if counts is None else f", towers {join(counts)}")
+            )
+            status = run_group(WorkerGroup(), command, envs, grace_period, signals)
+            if status == 0 or signals or restarts == max_restarts:
+                return status
+            if status == PREEMPTED and not restart_preempted:
+                say("a worker was preempted (143): not restarting")
+                return status
+            say(
+                f"restarting the {num_workers} worker(s) after exit status "
+                f"{status} (restart {restarts + 1} of {max_restarts})"
+            )
+            restarts += 1
 
 
 def launch_slurm_task(
@@ -386,10 +229,11 @@ def launch_slurm_task(
         env["CUDA_VISIBLE_DEVICES"] = task.cuda_visible_devices
     shown = (LOGICAL_DEVICES_VARIABLE, "CUDA_VISIBLE_DEVICES")
     settings = ", ".join(f"{name}={env[name]}" for name in shown if name in env)
-    _say(
+    say(
         f"starting worker {index} of {len(hosts)} on {hosts[index]}"
         + (f" ({settings})" if settings else "")
     )
-    workers = _Workers(first_index=index, streamed=False)
-    _run(workers, command, [env], grace_period)
-    return _exit_status(workers.procs[0].returncode)
+    group = WorkerGroup(first_index=index, streamed=False)
+    with signals_recorded() as signals:
+        run_group(group, command, [env], grace_period, signals)
+    return exit_status(group.procs[0].returncode)

@@ -23,6 +23,7 @@ LAYERS = [
         "kerastower.cluster",
         "kerastower.worker_configs",
         "kerastower.slurm",
+        "kerastower.worker_group",
     ],
     # This process's devices and cluster, and the public plain functions.
     [

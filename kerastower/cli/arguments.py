@@ -17,6 +17,7 @@ FLAG_NAMES = {
     "index": "--index",
     "port_base": "--port-base",
     "gpus_per_task": "--gpus-per-task",
+    "max_restarts": "--max-restarts",
 }
 
 

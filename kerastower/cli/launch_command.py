@@ -19,15 +19,16 @@ from kerastower.slurm import DEFAULT_PORT_BASE
 from kerastower.worker_configs import check_count, tf_config_for
 
 USAGE = (
-    "%(prog)s [-h] -n N [--towers K[,K...]] [--grace-period S] [-m] "
-    "script [args ...]\n       %(prog)s --hosts HOST:PORT[,...] --index I [--export]"
+    "%(prog)s [-h] -n N [--towers K[,K...]] [--grace-period S] "
+    "[--max-restarts K [--restart-preempted]] [-m] script [args ...]"
+    "\n       %(prog)s --hosts HOST:PORT[,...] --index I [--export]"
     "\n       %(prog)s --slurm [--port-base P] [--gpus-per-task G] "
     "[--towers K[,K...]] [--grace-period S] [-m] script [args ...]"
 )
 # The options of `add_arguments` that take a value.
 _VALUE_OPTIONS = frozenset(
-    "-n --num-workers --towers --grace-period --hosts --index --port-base "
-    "--gpus-per-task".split()
+    "-n --num-workers --towers --grace-period --max-restarts --hosts --index "
+    "--port-base --gpus-per-task".split()
 )
 
 
@@ -51,6 +52,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="S",
         help="seconds from SIGTERM to SIGKILL when workers are stopped "
         f"(default: {DEFAULT_GRACE_PERIOD:g})",
+    )
+    parser.add_argument(
+        "--max-restarts",
+        type=int,
+        default=0,
+        metavar="K",
+        help="after a worker fails, stop the others and start every worker "
+        "again, up to K times (default: 0)",
+    )
+    parser.add_argument(
+        "--restart-preempted",
+        action="store_true",
+        help="with --max-restarts: restart also after a worker exits with 143 "
+        "(preempted, after its backup)",
     )
     parser.add_argument(
         "--hosts",
@@ -139,6 +154,13 @@ def run(args: argparse.Namespace, script_argv: Sequence[str]) -> int:
         return 0
     if args.index is not None or args.export:
         raise ValueError("`--index` and `--export` go with `--hosts`.")
+    if args.slurm and (args.max_restarts or args.restart_preempted):
+        raise ValueError(
+            "`--max-restarts` and `--restart-preempted` restart local workers; "
+            "under Slurm, requeue the job (`sbatch --requeue`) instead."
+        )
+    if args.restart_preempted and not args.max_restarts:
+        raise ValueError("`--restart-preempted` goes with `--max-restarts`.")
     if args.slurm and not script_argv:
         raise ValueError("`--slurm` needs a script to run.")
     if not script_argv or (args.num_workers is None and not args.slurm):
@@ -170,4 +192,6 @@ def run(args: argparse.Namespace, script_argv: Sequence[str]) -> int:
         args.towers,
         module=args.module,
         grace_period=args.grace_period,
+        max_restarts=args.max_restarts,
+        restart_preempted=args.restart_preempted,
     )

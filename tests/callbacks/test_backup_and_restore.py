@@ -25,11 +25,11 @@ SCRIPT = Path(__file__).resolve().parents[1] / "workers" / "resumable.py"
 ENV = {"TF_CPP_MIN_LOG_LEVEL": "2"}
 
 
-def command(out, *extra, workers=1):
+def command(out, *extra, workers=1, launcher=()):
     if workers == 1:
         return [sys.executable, str(SCRIPT), str(out), *extra]
     head = [sys.executable, "-m", "kerastower", "launch", "-n", str(workers)]
-    return [*head, "--towers", "2", str(SCRIPT), str(out), *extra]
+    return [*head, *launcher, "--towers", "2", str(SCRIPT), str(out), *extra]
 
 
 def environment():
@@ -38,9 +38,9 @@ def environment():
     return env
 
 
-def run(out, *extra, workers=1, timeout=240):
+def run(out, *extra, workers=1, launcher=(), timeout=240):
     return subprocess.run(
-        command(out, *extra, workers=workers),
+        command(out, *extra, workers=workers, launcher=launcher),
         env=environment(),
         capture_output=True,
         text=True,
@@ -230,6 +230,31 @@ def test_ten_kills_at_random_moments_leave_whole_backups_and_exact_resumes(
         assert_same_run(references[name], out, workers=workers)
     assert len(trials) >= 10
     print("kill trials (scenario, backup position after the kill):", trials)
+
+
+@pytest.mark.slow
+def test_launch_restarts_the_workers_after_a_kill_and_they_resume_exactly(
+    references, tmp_path
+):
+    # `kerastower launch --max-restarts`: one worker SIGKILLed at a random
+    # moment of the first start; the launcher stops the other, starts both
+    # again, and they go on from the backup to the uninterrupted run's end.
+    rng = random.Random(20261126)
+    for trial in range(5):
+        out = tmp_path / f"trial{trial}"
+        out.mkdir()
+        kill = ["--kill-at", str(rng.randrange(0, 8))]
+        kill += ["--only-worker", str(rng.randrange(2)), "--only-first-start"]
+        kill += ["--kill-delay", f"{rng.uniform(0.0, 0.02):.3f}"]
+        launcher = ("--max-restarts", "2", "--grace-period", "2")
+        result = run(out, *kill, workers=2, launcher=launcher)
+        assert result.returncode == 0, result.stderr[-3000:]
+        assert (
+            "was killed by SIGKILL; stopped the others" in result.stderr
+            and "after exit status 137 (restart 1 of 2)" in result.stderr
+        ), (kill, result.stderr[-3000:])
+        assert "restart 2 of 2" not in result.stderr
+        assert_same_run(references["workers"], out, workers=2)
 
 
 @pytest.mark.parametrize(

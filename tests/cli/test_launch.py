@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from kerastower import launch
+from kerastower import launch, worker_group
 from kerastower.cli import command as cli
 from kerastower.cli import launch_command
 
@@ -330,7 +330,7 @@ class _EndsBetweenPolls:
 def test_a_worker_that_ends_between_two_polls_is_not_taken_for_a_success(capsys):
     # CI once saw status 0 for a SIGKILLed worker: it died between the poll
     # that looks for failures and the one that looks for running workers.
-    workers = launch._Workers()
+    workers = worker_group.WorkerGroup()
     workers.procs.append(_EndsBetweenPolls())
     assert workers.wait(grace_period=1, signals=[]) == 128 + 9
     assert "worker 0 was killed by SIGKILL" in capsys.readouterr().err
@@ -488,3 +488,61 @@ def test_an_unknown_flag_names_the_closest_one(capsys):
     err = capsys.readouterr().err
     assert err.startswith("usage: kerastower launch")
     assert "unrecognized arguments: --workers (did you mean --num-workers?)\n" in err
+
+
+# Worker 1 fails with status argv[2], once worker 0 has started too, until
+# the launcher has restarted the workers argv[3] times; every start leaves a
+# file <out>/start<worker>_<restarts>.
+RESTART_SCRIPT = """
+import json, os, sys, time
+i = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
+restarts = int(os.environ["KERASTOWER_RESTART_COUNT"])
+open(os.path.join(sys.argv[1], f"start{i}_{restarts}"), "w").close()
+if i == 1 and restarts < int(sys.argv[3]):
+    while not os.path.exists(os.path.join(sys.argv[1], f"start0_{restarts}")):
+        time.sleep(0.01)
+    sys.exit(int(sys.argv[2]))
+"""
+
+
+def _starts(out):
+    return sorted(p.name for p in Path(out).glob("start*"))
+
+
+@pytest.mark.parametrize(
+    "status, fails, flags, expected, restarts",
+    [
+        (3, 2, ["--max-restarts", "2"], 0, 2),  # the third start succeeds
+        (3, 5, ["--max-restarts", "2"], 3, 2),  # out of restarts: its status
+        (3, 1, [], 3, 0),  # no restart unless asked
+        (143, 1, ["--max-restarts", "2"], 143, 0),  # preempted: not a failure
+        (143, 1, ["--max-restarts", "2", "--restart-preempted"], 0, 1),
+    ],
+)
+def test_max_restarts_starts_every_worker_again_after_a_failure(
+    tmp_path, capsys, status, fails, flags, expected, restarts
+):
+    script, out = _script(tmp_path, RESTART_SCRIPT)
+    argv = ["launch", "-n", "2", *flags, script, out, str(status), str(fails)]
+    assert cli.main(argv) == expected
+    starts = [f"start{i}_{r}" for r in range(restarts + 1) for i in (0, 1)]
+    assert _starts(out) == sorted(starts)
+    err = capsys.readouterr().err
+    assert err.count("kerastower launch: starting 2 worker(s)") == restarts + 1
+    for r in range(restarts):
+        assert f"after exit status {status} (restart {r + 1} of 2)" in err
+    if status == 143 and not restarts:
+        assert "kerastower launch: a worker was preempted (143): not restarting" in err
+
+
+def test_signals_to_the_launcher_are_never_restarted(tmp_path):
+    script, out = _script(tmp_path, SIGNAL_SCRIPT)
+    proc = _cli("launch", "-n", "2", "--max-restarts", "3", script, out)
+    try:
+        assert _wait_for([os.path.join(out, f"ready{i}") for i in range(2)])
+        proc.send_signal(signal.SIGTERM)
+        _, stderr = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert proc.returncode == 143, stderr
+    assert "restart" not in stderr.replace("--max-restarts", "")

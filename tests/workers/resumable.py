@@ -13,8 +13,11 @@ after each step (flushed), and writes the final weights to
 ``--sigterm-at S`` makes the process send itself ``SIGTERM`` during global
 step ``S`` (0-based, counted over the whole training, this run's epochs
 included), as a scheduler would; ``--kill-at S`` sends ``SIGKILL`` instead.
-``--only-worker W`` limits both to worker ``W``; ``--check-freq C`` is
-`BackupAndRestore`'s ``check_freq``.
+``--only-worker W`` limits both to worker ``W``; ``--only-first-start``
+to the first start under ``kerastower launch --max-restarts`` (where
+``KERASTOWER_RESTART_COUNT`` is 0); ``--kill-delay D`` sends the signal D
+seconds after the step, from a timer (so that it lands in a later step or in
+a backup). ``--check-freq C`` is `BackupAndRestore`'s ``check_freq``.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import json
 import os
 import signal
 import sys
+import threading
 
 import keras
 import numpy as np
@@ -54,9 +58,9 @@ def build_model():
 class Interrupt(keras.callbacks.Callback):
     """Signals this process in the middle of global step `at`."""
 
-    def __init__(self, at: int, signum: int):
+    def __init__(self, at: int, signum: int, delay: float = 0.0):
         super().__init__()
-        self.at, self.signum = at, signum
+        self.at, self.signum, self.delay = at, signum, delay
 
     def on_train_batch_begin(self, batch, logs=None):
         self.epoch_batch = batch
@@ -66,7 +70,8 @@ class Interrupt(keras.callbacks.Callback):
 
     def on_train_batch_end(self, batch, logs=None):
         if self.epoch * STEPS + batch == self.at:
-            os.kill(os.getpid(), self.signum)
+            args = (os.getpid(), self.signum)
+            threading.Timer(self.delay, os.kill, args).start()
 
 
 class Report(keras.callbacks.Callback):
@@ -85,6 +90,8 @@ def main(argv=None) -> int:
     parser.add_argument("--kill-at", type=int, default=None)
     parser.add_argument("--only-worker", type=int, default=None)
     parser.add_argument("--check-freq", type=int, default=1)
+    parser.add_argument("--only-first-start", action="store_true")
+    parser.add_argument("--kill-delay", type=float, default=0.0)
     args = parser.parse_args(argv)
     if not kerastower.is_multi_worker():
         kerastower.configure_logical_devices(2)
@@ -92,11 +99,12 @@ def main(argv=None) -> int:
     x, y = worker_data(index)
     model = build_model()
     callbacks = [Report()]
-    if args.only_worker in (None, index):
+    restarted = os.environ.get("KERASTOWER_RESTART_COUNT", "0") != "0"
+    if args.only_worker in (None, index) and not (args.only_first_start and restarted):
         if args.sigterm_at is not None:
             callbacks.append(Interrupt(args.sigterm_at, signal.SIGTERM))
         if args.kill_at is not None:
-            callbacks.append(Interrupt(args.kill_at, signal.SIGKILL))
+            callbacks.append(Interrupt(args.kill_at, signal.SIGKILL, args.kill_delay))
     if args.accumulate > 1:
         callbacks.append(kerastower.callbacks.GradientAccumulation(args.accumulate))
     backup_dir = os.path.join(args.out, "backup")

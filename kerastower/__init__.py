@@ -20,6 +20,7 @@ __all__ = [
     "callbacks",
     "cluster",
     "configure_logical_devices",
+    "evaluator",
     "global_batch_size",
     "is_chief",
     "is_multi_worker",
@@ -32,7 +33,7 @@ __all__ = [
 
 # The command line imports what each subcommand needs itself (see `_startup`).
 if not _startup.started_as_command():
-    from kerastower import callbacks, cluster, multi_worker
+    from kerastower import callbacks, cluster, evaluator, multi_worker
     from kerastower.cluster import is_chief, is_multi_worker, num_workers, worker_index
     from kerastower.data import batch_for_towers
     from kerastower.devices import available_devices, configure_logical_devices

@@ -9,8 +9,11 @@ strategies read:
 ```
 
 The training workers are the ``"chief"`` task (at most one) and the
-``"worker"`` tasks. Their global index puts the chief first: with a chief,
-chief -> 0 and worker ``i`` -> ``i + 1``; without one, worker ``i`` -> ``i``.
+``"worker"`` tasks. An ``"evaluator"`` task (at most one) trains nothing: it
+evaluates the checkpoints that training writes (`kerastower.evaluator`), and
+is neither counted among the workers nor multi-worker itself. The workers'
+global index puts the chief first: with a chief, chief -> 0 and worker ``i``
+-> ``i + 1``; without one, worker ``i`` -> ``i``.
 The chief is the ``"chief"`` task, or worker 0 when the cluster has none; it is
 the one process that writes checkpoints and logs. Without `TF_CONFIG` (or with
 an empty one) the process is a single worker, index 0, and the chief.
@@ -29,6 +32,7 @@ from typing import Any
 import numpy as np
 
 TRAINING_TASK_TYPES = ("chief", "worker")
+EVALUATOR = "evaluator"
 
 
 def _error(rule: str, received: Any) -> ValueError:
@@ -61,9 +65,11 @@ def parse_tf_config(text: str | None) -> dict[str, Any] | None:
         ValueError: If `text` is not a JSON object; lacks ``"cluster"`` (a
             non-empty object mapping task types to lists of addresses) or
             ``"task"`` (an object with a string ``"type"`` and an integer
-            ``"index"``); names a task type that is not in the cluster; or
-            gives an index outside ``[0, len(cluster[type]))``. The message
-            quotes the received text.
+            ``"index"``); names a task type that is not in the cluster; gives
+            an index outside ``[0, len(cluster[type]))``; has more than one
+            ``"chief"`` or ``"evaluator"``; or has ``"ps"`` tasks (parameter
+            servers, which kerastower does not use). The message quotes the
+            received text.
     """
     if text is None or not text.strip():
         return None
@@ -111,8 +117,17 @@ def parse_tf_config(text: str | None) -> dict[str, Any] | None:
             f'"{task_type}" task(s); got {index}',
             text,
         )
-    if len(cluster.get("chief", [])) > 1:
-        raise _error('"cluster" may have at most one "chief"', text)
+    if "ps" in cluster:
+        raise _error(
+            'names "ps" tasks: parameter servers are for '
+            "`tf.distribute.ParameterServerStrategy`, which kerastower does not "
+            'use; TowerModel trains on "chief" and "worker" tasks with '
+            '`MultiWorkerMirroredStrategy`. Remove the "ps" entries',
+            text,
+        )
+    for single in ("chief", EVALUATOR):
+        if len(cluster.get(single, [])) > 1:
+            raise _error(f'"cluster" may have at most one "{single}"', text)
     return config
 
 
@@ -231,15 +246,36 @@ def worker_index() -> int:
 
 
 def is_multi_worker() -> bool:
-    """Whether `TF_CONFIG` describes more than one training worker.
+    """Whether this process is one of several training workers in `TF_CONFIG`.
 
     Returns:
-        ``True`` when the cluster has two or more training workers.
+        ``True`` when the cluster has two or more training workers and this
+        task is one of them (not the ``"evaluator"``).
 
     Raises:
         ValueError: If `TF_CONFIG` is malformed (see `parse_tf_config`).
     """
-    return num_workers() > 1
+    config = tf_config()
+    return num_workers_of(config) > 1 and config["task"]["type"] in (
+        TRAINING_TASK_TYPES
+    )
+
+
+def is_evaluator() -> bool:
+    """Whether `TF_CONFIG` makes this process the ``"evaluator"`` task.
+
+    The evaluator runs `kerastower.evaluator.SidecarEvaluator` instead of
+    `fit` (see its example).
+
+    Returns:
+        ``True`` for the ``"evaluator"`` task, ``False`` otherwise (also
+        without `TF_CONFIG`).
+
+    Raises:
+        ValueError: If `TF_CONFIG` is malformed (see `parse_tf_config`).
+    """
+    config = tf_config()
+    return config is not None and config["task"]["type"] == EVALUATOR
 
 
 def is_chief(strategy: Any = None) -> bool:

@@ -20,12 +20,15 @@ import json
 import os
 import signal
 import sys
+import tempfile
 from collections.abc import Sequence
 
 from kerastower.slurm import DEFAULT_PORT_BASE, slurm_task
 from kerastower.worker_configs import (
     LOGICAL_DEVICES_VARIABLE,
     LOOPBACK,
+    TRAINING_DONE_VARIABLE,
+    evaluator_tf_config,
     free_loopback_ports,
     tf_config_for,
     towers_per_worker,
@@ -33,7 +36,6 @@ from kerastower.worker_configs import (
 from kerastower.worker_group import (
     WorkerGroup,
     exit_status,
-    join,
     run_group,
     say,
     signals_recorded,
@@ -57,10 +59,8 @@ RESTART_COUNT_VARIABLE = "KERASTOWER_RESTART_COUNT"
 PREEMPTED = 128 + signal.SIGTERM
 
 
-def _worker_env(
-    hosts: list[str], index: int, towers: int | None, restarts: int = 0
-) -> dict[str, str]:
-    env = dict(os.environ, TF_CONFIG=json.dumps(tf_config_for(hosts, index)))
+def _worker_env(config: dict, towers: int | None, restarts: int = 0) -> dict[str, str]:
+    env = dict(os.environ, TF_CONFIG=json.dumps(config))
     env["PYTHONUNBUFFERED"] = "1"  # the output streams line by line
     env[RESTART_COUNT_VARIABLE] = str(restarts)
     if towers is not None:
@@ -82,6 +82,42 @@ def _checked_command(
     return [sys.executable, *(["-m"] if module else []), *script_argv]
 
 
+def _local_cluster(
+    num_workers: int, counts: list[int] | None, restarts: int, done_file: str | None
+) -> tuple[list[dict[str, str]], list[str | None]]:
+    """The environments and labels of one start's processes, on new ports.
+
+    With `done_file`, the last process is the evaluator, told by that file
+    that training has ended.
+    """
+    ports = free_loopback_ports(num_workers + (done_file is not None))
+    addresses = [f"{LOOPBACK}:{port}" for port in ports]
+    hosts, evaluator_host = addresses[:num_workers], None
+    if done_file is not None:
+        evaluator_host = addresses[-1]
+    envs = [
+        _worker_env(
+            tf_config_for(hosts, i, evaluator_host),
+            None if counts is None else counts[i],
+            restarts,
+        )
+        for i in range(num_workers)
+    ]
+    labels: list[str | None] = [None] * num_workers
+    message = f"starting {num_workers} worker(s) on {', '.join(hosts)}"
+    if counts is not None:
+        message += f", towers {', '.join(map(str, counts))}"
+    if done_file is not None:
+        config = evaluator_tf_config(hosts, evaluator_host)
+        towers = None if counts is None else counts[0]
+        envs.append(_worker_env(config, towers, restarts))
+        envs[-1][TRAINING_DONE_VARIABLE] = done_file
+        labels.append("evaluator")
+        message += f", and the evaluator on {evaluator_host}"
+    say(message)
+    return envs, labels
+
+
 def launch(
     script_argv: Sequence[str],
     num_workers: int,
@@ -91,6 +127,7 @@ def launch(
     grace_period: float = DEFAULT_GRACE_PERIOD,
     max_restarts: int = 0,
     restart_preempted: bool = False,
+    evaluator: bool = False,
 ) -> int:
     """Runs a script as `num_workers` local workers of one cluster.
 
@@ -130,6 +167,15 @@ def launch(
             failure. Defaults to 0.
         restart_preempted: Whether a worker's exit with 143 counts as a
             failure, to restart from. Defaults to ``False``.
+        evaluator: Whether to start one more process, the cluster's
+            ``"evaluator"`` task (``[evaluator]`` in the output), with the
+            first worker's towers: the same script, where
+            `kerastower.cluster.is_evaluator` is true, runs a
+            `kerastower.evaluator.SidecarEvaluator`. Once every worker has
+            exited with 0 the launcher creates the file named by its
+            ``KERASTOWER_TRAINING_DONE_FILE``, on which it evaluates the
+            checkpoints left and exits; the job succeeds when it exits with
+            0 too. Defaults to ``False``.
 
     Returns:
         The exit status: 0 when every worker exits with 0.
@@ -146,19 +192,14 @@ def launch(
             f"max_restarts={max_restarts!r}"
         )
     restarts = 0
-    with signals_recorded() as signals:
+    with signals_recorded() as signals, tempfile.TemporaryDirectory() as tmp:
         while True:
-            # New ports each time: the last start's may still be held.
-            hosts = [f"{LOOPBACK}:{port}" for port in free_loopback_ports(num_workers)]
-            envs = [
-                _worker_env(hosts, i, None if counts is None else counts[i], restarts)
-                for i in range(num_workers)
-            ]
-            say(
-                f"starting {num_workers} worker(s) on {', '.join(hosts)}"
-                + ("" if counts is None else f", towers {join(counts)}")
+            done_file = os.path.join(tmp, f"done{restarts}") if evaluator else None
+            envs, labels = _local_cluster(num_workers, counts, restarts, done_file)
+            group = WorkerGroup(done_file=done_file)
+            status = run_group(
+                group, command, envs, grace_period, signals, labels, int(evaluator)
             )
-            status = run_group(WorkerGroup(), command, envs, grace_period, signals)
             if status == 0 or signals or restarts == max_restarts:
                 return status
             if status == PREEMPTED and not restart_preempted:
@@ -224,7 +265,8 @@ def launch_slurm_task(
     hosts = task.tf_config["cluster"]["worker"]
     index = task.tf_config["task"]["index"]
     counts = towers_per_worker(towers, len(hosts))
-    env = _worker_env(hosts, index, None if counts is None else counts[index])
+    config = tf_config_for(hosts, index)
+    env = _worker_env(config, None if counts is None else counts[index])
     if task.cuda_visible_devices is not None:
         env["CUDA_VISIBLE_DEVICES"] = task.cuda_visible_devices
     shown = (LOGICAL_DEVICES_VARIABLE, "CUDA_VISIBLE_DEVICES")

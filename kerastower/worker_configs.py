@@ -14,6 +14,9 @@ LOOPBACK = "127.0.0.1"
 # How many logical CPUs a worker makes on a machine without a GPU
 # (`kerastower.devices.configure_from_environment`).
 LOGICAL_DEVICES_VARIABLE = "KERASTOWER_LOGICAL_DEVICES"
+# A file that `kerastower launch --evaluator` creates once every worker has
+# finished: the evaluator's sign that training has ended.
+TRAINING_DONE_VARIABLE = "KERASTOWER_TRAINING_DONE_FILE"
 
 
 def check_count(name: str, value: Any) -> int:
@@ -25,7 +28,9 @@ def check_count(name: str, value: Any) -> int:
     return value
 
 
-def tf_config_for(hosts: str | Sequence[str], index: int) -> dict[str, Any]:
+def tf_config_for(
+    hosts: str | Sequence[str], index: int, evaluator: str | None = None
+) -> dict[str, Any]:
     """Returns the `TF_CONFIG` of one worker of a cluster of workers.
 
     Example:
@@ -42,6 +47,8 @@ def tf_config_for(hosts: str | Sequence[str], index: int) -> dict[str, Any]:
         hosts: The ``host:port`` address of every worker, worker 0 (the
             chief) first: a list, or one comma-separated string.
         index: This worker's index in `hosts`.
+        evaluator: The ``host:port`` of the cluster's ``"evaluator"`` task,
+            or ``None`` for a cluster without one. Defaults to ``None``.
 
     Returns:
         The config as a dict, ready for `json.dumps`.
@@ -55,7 +62,7 @@ def tf_config_for(hosts: str | Sequence[str], index: int) -> dict[str, Any]:
         hosts = [h.strip() for h in hosts.split(",") if h.strip()]
     if not hosts:
         raise ValueError(f"`hosts` must name a worker. Received: hosts={hosts!r}")
-    for address in hosts:
+    for address in [*hosts, *([] if evaluator is None else [evaluator])]:
         host, _, port = address.rpartition(":")
         if not host or not port.isdigit() or not 0 < int(port) < 65536:
             raise ValueError(
@@ -69,10 +76,32 @@ def tf_config_for(hosts: str | Sequence[str], index: int) -> dict[str, Any]:
             f"`index` must be in [0, {len(hosts)}), one per host. "
             f"Received: index={index}"
         )
-    return {
-        "cluster": {"worker": list(hosts)},
-        "task": {"type": "worker", "index": index},
-    }
+    cluster = {"worker": list(hosts)}
+    if evaluator is not None:
+        cluster["evaluator"] = [evaluator]
+    return {"cluster": cluster, "task": {"type": "worker", "index": index}}
+
+
+def evaluator_tf_config(hosts: str | Sequence[str], evaluator: str) -> dict[str, Any]:
+    """Returns the `TF_CONFIG` of the ``"evaluator"`` task beside `hosts`.
+
+    The evaluator trains nothing: it evaluates the checkpoints the workers
+    write (`kerastower.evaluator.SidecarEvaluator`).
+
+    Args:
+        hosts: The workers' ``host:port`` addresses, as for `tf_config_for`.
+        evaluator: The evaluator's ``host:port``.
+
+    Returns:
+        The config as a dict: the workers and the evaluator in the cluster,
+        the task ``{"type": "evaluator", "index": 0}``.
+
+    Raises:
+        ValueError: If an address is invalid (see `tf_config_for`).
+    """
+    config = tf_config_for(hosts, 0, evaluator)
+    config["task"] = {"type": "evaluator", "index": 0}
+    return config
 
 
 def free_loopback_ports(n: int) -> list[int]:

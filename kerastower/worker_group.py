@@ -106,16 +106,35 @@ class WorkerGroup:
         first_index: The index of the first worker, in messages and prefixes.
         streamed: Whether the workers' output is streamed, line by line and
             prefixed; if not, they write to this process's output directly.
+        done_file: A file created once every process but the sidecars has
+            exited with 0, or ``None``.
     """
 
-    def __init__(self, first_index: int = 0, streamed: bool = True):
+    def __init__(
+        self, first_index: int = 0, streamed: bool = True, done_file: str | None = None
+    ):
         self.first_index = first_index
+        self.done_file = done_file
         self.streamed = streamed
         self.procs: list[subprocess.Popen] = []
+        self.labels: list[str] = []
+        self.sidecars: list[bool] = []
+        self.sidecars_told = False
         self.threads: list[threading.Thread] = []
         self.lock = threading.Lock()
 
-    def start(self, command: list[str], env: dict[str, str]) -> None:
+    def start(
+        self,
+        command: list[str],
+        env: dict[str, str],
+        label: str | None = None,
+        sidecar: bool = False,
+    ) -> None:
+        """Starts a process; `label` names it (default: ``worker <index>``).
+
+        A `sidecar` (the evaluator) is told once every other process has
+        exited with 0 (see `done_file`), and the group then waits for it.
+        """
         # Its own session: Ctrl-C at a terminal reaches the launcher only,
         # which gives the workers SIGTERM and time to save a checkpoint.
         output = subprocess.PIPE if self.streamed else None
@@ -128,21 +147,30 @@ class WorkerGroup:
             start_new_session=_POSIX,
             preexec_fn=functools.partial(_die_with, os.getpid()) if _LINUX else None,
         )
-        prefix = f"[worker {self.first_index + len(self.procs)}] "
-        self.procs.append(proc)
+        label = self.track(proc, label, sidecar)
         if not self.streamed:
             return
         for pipe, name in ((proc.stdout, "stdout"), (proc.stderr, "stderr")):
-            args = (pipe, prefix, name, self.lock)
+            args = (pipe, f"[{label}] ", name, self.lock)
             self.threads.append(threading.Thread(target=_pump, args=args, daemon=True))
             self.threads[-1].start()
+
+    def track(
+        self, proc: subprocess.Popen, label: str | None = None, sidecar: bool = False
+    ) -> str:
+        """Adds a started process to the group; returns its label."""
+        label = label or f"worker {self.first_index + len(self.procs)}"
+        self.procs.append(proc)
+        self.labels.append(label)
+        self.sidecars.append(sidecar)
+        return label
 
     def running(self) -> list[int]:
         return [i for i, p in enumerate(self.procs) if p.poll() is None]
 
     def names(self, positions: Sequence[int]) -> str:
-        """The workers at `positions` of `procs`, as messages name them."""
-        return join([self.first_index + i for i in positions])
+        """The processes at `positions` of `procs`, as messages name them."""
+        return ", ".join(self.labels[i] for i in positions)
 
     def stop(self, grace_period: float, signals: list[int]) -> list[int]:
         """SIGTERM to every running worker, SIGKILL after the grace period.
@@ -176,13 +204,20 @@ class WorkerGroup:
                 i, others = self.procs.index(failed[0]), self.running()
                 killed = self.stop(grace_period, signals)
                 say(
-                    f"worker {self.names([i])} {_describe_exit(failed[0].returncode)}"
+                    f"{self.names([i])} {_describe_exit(failed[0].returncode)}"
                     + ("; stopped the others" if others else "")
-                    + (f" (killed worker(s) {self.names(killed)})" if killed else "")
+                    + (f" (killed {self.names(killed)})" if killed else "")
                 )
                 return exit_status(failed[0].returncode)
             if None not in codes:
                 return 0
+            mains_done = all(
+                code == 0 for code, side in zip(codes, self.sidecars) if not side
+            )
+            if mains_done and not self.sidecars_told:
+                self.sidecars_told = True
+                if self.done_file is not None:
+                    open(self.done_file, "w").close()
             time.sleep(_POLL_SECONDS)
         say(
             f"{signal.Signals(signals[0]).name} received; stopping the workers "
@@ -190,7 +225,7 @@ class WorkerGroup:
         )
         killed = self.stop(grace_period, signals)
         if killed:
-            say(f"killed worker(s) {self.names(killed)}")
+            say(f"killed {self.names(killed)}")
         return 128 + signals[0]
 
     def close(self) -> None:
@@ -203,18 +238,19 @@ class WorkerGroup:
             thread.join(max(0.0, deadline - time.monotonic()))
 
 
-def join(indices: Sequence[int]) -> str:
-    return ", ".join(str(i) for i in indices)
-
-
 def run_group(
     group: WorkerGroup,
     command: list[str],
     envs: list[dict[str, str]],
     grace_period: float,
     signals: list[int],
+    labels: Sequence[str | None] = (),
+    sidecars: int = 0,
 ) -> int:
-    """Starts a worker of `group` per environment and waits for them.
+    """Starts a process of `group` per environment and waits for them.
+
+    `labels` name the processes, in order (default: ``worker <index>``); the
+    last `sidecars` of them are sidecars (see `WorkerGroup.start`).
 
     Returns:
         0 when every worker exits with 0; else the first failed worker's
@@ -222,8 +258,9 @@ def run_group(
         (see `WorkerGroup.wait`).
     """
     try:
-        for env in envs:
-            group.start(command, env)
+        for i, env in enumerate(envs):
+            label = labels[i] if i < len(labels) else None
+            group.start(command, env, label, sidecar=i >= len(envs) - sidecars)
         return group.wait(grace_period, signals)
     finally:
         group.close()

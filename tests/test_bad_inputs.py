@@ -297,6 +297,15 @@ ERRORS = {
         r'`TF_CONFIG` "task" index must be in \[0, 2\) for the 2 "worker" task\(s\); '
         r"got 2",
     ),
+    "tf-config-parameter-servers": (
+        tf_config(
+            '{"cluster": {"worker": ["a:1"], "ps": ["b:1"]}, '
+            '"task": {"type": "worker", "index": 0}}'
+        ),
+        ValueError,
+        r'`TF_CONFIG` names "ps" tasks: parameter servers are for '
+        r"`tf.distribute.ParameterServerStrategy`, which kerastower does not use",
+    ),
     "tf-config-unknown-task-type": (
         tf_config("{" + WORKERS + ', "task": {"type": "ps", "index": 0}}'),
         ValueError,

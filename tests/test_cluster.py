@@ -20,7 +20,7 @@ def _config(cluster_spec, task_type, index):
     return {"cluster": cluster_spec, "task": {"type": task_type, "index": index}}
 
 
-WITH_CHIEF = {"chief": ["c:1"], "worker": ["w0:1", "w1:1"], "ps": ["p:1"]}
+WITH_CHIEF = {"chief": ["c:1"], "worker": ["w0:1", "w1:1"], "evaluator": ["e:1"]}
 WITHOUT_CHIEF = {"worker": ["w0:1", "w1:1", "w2:1"]}
 
 
@@ -60,16 +60,26 @@ def test_chief_rule_and_worker_index(
     assert cluster.tf_config() == config
     assert cluster.is_chief() is chief
     assert cluster.worker_index() == worker_index
-    # The chief and workers train; "ps" does not.
+    # The chief and workers train; the evaluator does not.
     assert cluster.num_workers() == 3
     assert cluster.is_multi_worker() is True
+    assert cluster.is_evaluator() is False
 
 
-def test_parameter_server_is_not_chief_and_has_no_worker_index(monkeypatch):
-    _set(monkeypatch, _config(WITH_CHIEF, "ps", 0))
+def test_the_evaluator_is_neither_a_worker_nor_multi_worker(monkeypatch):
+    _set(monkeypatch, _config(WITH_CHIEF, "evaluator", 0))
+    assert cluster.is_evaluator() is True
     assert cluster.is_chief() is False
-    with pytest.raises(ValueError, match="Only chief and worker tasks.*'ps'"):
+    assert cluster.is_multi_worker() is False
+    assert cluster.num_workers() == 3
+    with pytest.raises(ValueError, match="Only chief and worker tasks.*'evaluator'"):
         cluster.worker_index()
+
+
+def test_parameter_servers_are_refused_with_the_strategy_they_belong_to(monkeypatch):
+    _set(monkeypatch, _config({"worker": ["w:1"], "ps": ["p:1"]}, "worker", 0))
+    with pytest.raises(ValueError, match='names "ps" tasks.*ParameterServerStrategy'):
+        cluster.is_multi_worker()
 
 
 def test_one_worker_cluster_is_not_multi_worker(monkeypatch):
@@ -107,6 +117,12 @@ MALFORMED = [
     (
         json.dumps(_config({"chief": ["a:1", "b:1"]}, "chief", 0)),
         "at most one",
+    ),
+    (
+        json.dumps(
+            _config({"worker": ["a:1"], "evaluator": ["b:1", "c:1"]}, "worker", 0)
+        ),
+        'at most one "evaluator"',
     ),
 ]
 

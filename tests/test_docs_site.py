@@ -26,7 +26,14 @@ pytest.importorskip("mkdocs")
 pytest.importorskip("mkdocstrings")
 
 ROOT = Path(__file__).resolve().parents[1]
-API_PAGES = ("kerastower", "callbacks", "cluster", "multi_worker", "launch")
+API_PAGES = (
+    "kerastower",
+    "callbacks",
+    "cluster",
+    "evaluator",
+    "multi_worker",
+    "launch",
+)
 EXCEPTION = re.compile(r"\w*(Error|Exception|Exit|Warning|Interrupt)")
 
 

@@ -426,3 +426,30 @@ def test_sum_reduced_losses_add_up_unweighted(towers):
         batch_size=5,
         epochs=2,
     )
+
+
+# TensorFlow 2.16 (with Keras 3.14 and 3.15): after a synchronised
+# `BatchNormalization`, a `MaxPooling2D` model's gradient on 2 towers of 15
+# differs from one device's (conv kernels and gamma 0.4% to 2% relative, one
+# SGD step; 2e-3 in the weights after one Adam step of the demo's convnet).
+# Exact with AveragePooling2D, without BatchNormalization, in float64, and on
+# TensorFlow 2.17 and newer: the cause is not found yet (see the changelog).
+_TF_216 = tuple(int(p) for p in tf.__version__.split(".")[:2]) < (2, 17)
+
+
+@pytest.mark.xfail(
+    _TF_216, reason="BatchNormalization then MaxPooling2D on TF 2.16", strict=True
+)
+def test_batch_normalization_then_max_pooling_on_digits():
+    from kerastower.cli.demo import build_convnet, load_digits
+
+    (x, y), _ = load_digits(seed=0)
+    x, y = x[:30], y[:30]
+    plain, towered = twin(lambda: build_convnet(seed=0), towers=2)
+    for model in (plain, towered):
+        model.compile(
+            optimizer=keras.optimizers.SGD(1.0), loss="sparse_categorical_crossentropy"
+        )
+        model.fit(x, y, batch_size=30, epochs=1, shuffle=False, verbose=0)
+    # Measured on TensorFlow 2.21: 1e-6 (float32 rounding of gradients up to 0.7).
+    assert_same_weights(plain, towered)

@@ -18,6 +18,7 @@ def test_top_level_names():
             "callbacks",
             "cluster",
             "configure_logical_devices",
+            "evaluator",
             "global_batch_size",
             "is_chief",
             "is_multi_worker",

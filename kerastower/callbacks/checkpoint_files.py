@@ -93,29 +93,54 @@ def latest_checkpoint(filepath: str) -> str | None:
         ValueError: If `filepath` has fields in its directory part or is not
             a valid format string.
     """
+    found = list_checkpoints(filepath)
+    return found[-1] if found else None
+
+
+def list_checkpoints(filepath: str) -> list[str]:
+    """Returns every checkpoint written to `filepath`, the latest last.
+
+    The order is that of `latest_checkpoint`: by ``{epoch}``, then
+    ``{batch}``, then modification time and name. The chief's unfinished
+    temporary files are never listed.
+
+    Args:
+        filepath: The callback's `filepath` pattern. Its `{...}` fields must
+            all be in the file name, not in the directory.
+
+    Returns:
+        The paths of the checkpoints; empty if there is none.
+
+    Raises:
+        ValueError: If `filepath` has fields in its directory part or is not
+            a valid format string.
+    """
     filepath = os.fspath(filepath)
     regex = name_regex(filepath)
     directory = os.path.dirname(filepath) or os.curdir
     if not os.path.isdir(directory):
-        return None
-    best_key, best_path = None, None
+        return []
+    found = []
     for name in os.listdir(directory):
         match = regex.match(name)
         if name.startswith(TEMP_PREFIX) or match is None:
             continue
         path = os.path.join(directory, name)
+        try:
+            modified = os.path.getmtime(path)
+        except OSError:  # replaced or removed since the listing
+            continue
         if not os.path.isfile(path):
             continue
         counters = match.groupdict()
         key = (
             int(counters.get("epoch") or -1),
             int(counters.get("batch") or -1),
-            os.path.getmtime(path),
+            modified,
             name,
         )
-        if best_key is None or key > best_key:
-            best_key, best_path = key, path
-    return best_path
+        found.append((key, path))
+    return [path for _, path in sorted(found)]
 
 
 def checkpoint_epoch(path: str, filepath: str) -> int | None:

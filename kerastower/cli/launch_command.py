@@ -20,7 +20,8 @@ from kerastower.worker_configs import check_count, tf_config_for
 
 USAGE = (
     "%(prog)s [-h] -n N [--towers K[,K...]] [--grace-period S] "
-    "[--max-restarts K [--restart-preempted]] [-m] script [args ...]"
+    "[--max-restarts K [--restart-preempted]] [--evaluator] [-m] "
+    "script [args ...]"
     "\n       %(prog)s --hosts HOST:PORT[,...] --index I [--export]"
     "\n       %(prog)s --slurm [--port-base P] [--gpus-per-task G] "
     "[--towers K[,K...]] [--grace-period S] [-m] script [args ...]"
@@ -66,6 +67,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="with --max-restarts: restart also after a worker exits with 143 "
         "(preempted, after its backup)",
+    )
+    parser.add_argument(
+        "--evaluator",
+        action="store_true",
+        help="start one more process, the cluster's evaluator task, that runs "
+        "the same script (see kerastower.evaluator.SidecarEvaluator)",
     )
     parser.add_argument(
         "--hosts",
@@ -159,6 +166,11 @@ def run(args: argparse.Namespace, script_argv: Sequence[str]) -> int:
             "`--max-restarts` and `--restart-preempted` restart local workers; "
             "under Slurm, requeue the job (`sbatch --requeue`) instead."
         )
+    if args.slurm and args.evaluator:
+        raise ValueError(
+            "`--evaluator` starts a local evaluator process; under Slurm, run "
+            'the evaluator as a step of its own, its TF_CONFIG task "evaluator".'
+        )
     if args.restart_preempted and not args.max_restarts:
         raise ValueError("`--restart-preempted` goes with `--max-restarts`.")
     if args.slurm and not script_argv:
@@ -194,4 +206,5 @@ def run(args: argparse.Namespace, script_argv: Sequence[str]) -> int:
         grace_period=args.grace_period,
         max_restarts=args.max_restarts,
         restart_preempted=args.restart_preempted,
+        evaluator=args.evaluator,
     )

@@ -307,7 +307,7 @@ def test_a_worker_that_ignores_sigterm_is_killed_after_the_grace_period(
     assert status == 4
     assert 1 <= elapsed < 10, elapsed
     err = capsys.readouterr().err
-    assert "worker 0 exited with 4; stopped the others (killed worker(s) 1)" in err
+    assert "worker 0 exited with 4; stopped the others (killed worker 1)" in err
 
 
 class _EndsBetweenPolls:
@@ -331,7 +331,7 @@ def test_a_worker_that_ends_between_two_polls_is_not_taken_for_a_success(capsys)
     # CI once saw status 0 for a SIGKILLed worker: it died between the poll
     # that looks for failures and the one that looks for running workers.
     workers = worker_group.WorkerGroup()
-    workers.procs.append(_EndsBetweenPolls())
+    workers.track(_EndsBetweenPolls())
     assert workers.wait(grace_period=1, signals=[]) == 128 + 9
     assert "worker 0 was killed by SIGKILL" in capsys.readouterr().err
 
@@ -546,3 +546,35 @@ def test_signals_to_the_launcher_are_never_restarted(tmp_path):
         proc.kill()
     assert proc.returncode == 143, stderr
     assert "restart" not in stderr.replace("--max-restarts", "")
+
+
+# The workers write their TF_CONFIG's task; the evaluator waits for the file
+# that tells it the workers have finished, then writes what it saw.
+EVALUATOR_SCRIPT = """
+import json, os, sys, time
+config = json.loads(os.environ["TF_CONFIG"])
+task = config["task"]
+name = f"{task['type']}{task['index']}"
+if task["type"] == "evaluator":
+    done = os.environ["KERASTOWER_TRAINING_DONE_FILE"]
+    while not os.path.exists(done):
+        time.sleep(0.01)
+    print("training has ended")
+with open(os.path.join(sys.argv[1], name + ".json"), "w") as f:
+    json.dump(config["cluster"], f)
+"""
+
+
+def test_the_evaluator_runs_beside_the_workers_until_they_finish(tmp_path, capsys):
+    script, out = _script(tmp_path, EVALUATOR_SCRIPT)
+    assert cli.main(["launch", "-n", "2", "--evaluator", script, out]) == 0
+    captured = capsys.readouterr()
+    assert "[evaluator] training has ended" in captured.out
+    assert ", and the evaluator on 127.0.0.1:" in captured.err
+    clusters = {
+        name: json.loads(Path(out, f"{name}.json").read_text())
+        for name in ("worker0", "worker1", "evaluator0")
+    }
+    assert len({json.dumps(c, sort_keys=True) for c in clusters.values()}) == 1
+    assert len(clusters["evaluator0"]["worker"]) == 2
+    assert len(clusters["evaluator0"]["evaluator"]) == 1

@@ -23,6 +23,7 @@ import sys
 import tempfile
 from collections.abc import Sequence
 
+from kerastower.heartbeats import HEARTBEAT_VARIABLE
 from kerastower.slurm import DEFAULT_PORT_BASE, slurm_task
 from kerastower.worker_configs import (
     LOGICAL_DEVICES_VARIABLE,
@@ -82,13 +83,22 @@ def _checked_command(
     return [sys.executable, *(["-m"] if module else []), *script_argv]
 
 
+def _heartbeat_path(directory: str, index: int, restarts: int) -> str:
+    """The heartbeat file of worker `index` at start `restarts`."""
+    return os.path.join(directory, f"heartbeat{index}-{restarts}")
+
+
 def _local_cluster(
-    num_workers: int, counts: list[int] | None, restarts: int, done_file: str | None
+    num_workers: int,
+    counts: list[int] | None,
+    restarts: int,
+    done_file: str | None,
+    tmp: str,
 ) -> tuple[list[dict[str, str]], list[str | None]]:
     """The environments and labels of one start's processes, on new ports.
 
-    With `done_file`, the last process is the evaluator, told by that file
-    that training has ended.
+    Each worker gets a heartbeat file in `tmp`. With `done_file`, the last
+    process is the evaluator, told by that file that training has ended.
     """
     ports = free_loopback_ports(num_workers + (done_file is not None))
     addresses = [f"{LOOPBACK}:{port}" for port in ports]
@@ -103,6 +113,8 @@ def _local_cluster(
         )
         for i in range(num_workers)
     ]
+    for i, env in enumerate(envs):
+        env[HEARTBEAT_VARIABLE] = _heartbeat_path(tmp, i, restarts)
     labels: list[str | None] = [None] * num_workers
     message = f"starting {num_workers} worker(s) on {', '.join(hosts)}"
     if counts is not None:
@@ -195,10 +207,18 @@ def launch(
     with signals_recorded() as signals, tempfile.TemporaryDirectory() as tmp:
         while True:
             done_file = os.path.join(tmp, f"done{restarts}") if evaluator else None
-            envs, labels = _local_cluster(num_workers, counts, restarts, done_file)
+            envs, labels = _local_cluster(num_workers, counts, restarts, done_file, tmp)
+            beats = [_heartbeat_path(tmp, i, restarts) for i in range(num_workers)]
             group = WorkerGroup(done_file=done_file)
             status = run_group(
-                group, command, envs, grace_period, signals, labels, int(evaluator)
+                group,
+                command,
+                envs,
+                grace_period,
+                signals,
+                labels,
+                int(evaluator),
+                beats,
             )
             if status == 0 or signals or restarts == max_restarts:
                 return status

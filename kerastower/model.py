@@ -8,7 +8,7 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from kerastower import _keras_compat, cluster, multi_worker
+from kerastower import _keras_compat, cluster, heartbeats, multi_worker
 from kerastower import devices as devices_lib
 from kerastower._keras_compat import Functional, functional_init_arguments
 from kerastower.reduce.accumulation import GradientAccumulator
@@ -319,16 +319,17 @@ class TowerModel(_keras_compat.TrainerHooks, keras.Model):
         # After the user's callbacks, so that they see the state that
         # BackupAndRestore or a resuming checkpoint callback restored: the
         # chief's broadcast first, then the replicas' copy of it.
-        ours = []
-        if self.num_workers > 1:
-            ours.append(BroadcastFromChief())
+        ours = [BroadcastFromChief()] if self.num_workers > 1 else []
         replicas = self._tower_step.replicas
         if replicas is not None:
             ours += sync_callbacks(
                 replicas, type(self).train_step is TowerModel.train_step
             )
-        if ours:
-            kwargs["callbacks"] = list(kwargs.pop("callbacks", None) or []) + ours
+        # The launcher's heartbeat goes first, before the user's may hang.
+        first = list(filter(None, [heartbeats.heartbeat_callback()]))
+        if ours or first:
+            user = list(kwargs.pop("callbacks", None) or [])
+            kwargs["callbacks"] = first + user + ours
         try:
             return super().fit(*args, **kwargs)
         except BaseException:

@@ -21,6 +21,8 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, TextIO
 
+from kerastower.heartbeats import describe
+
 _POLL_SECONDS = 0.05
 _POSIX = os.name == "posix"
 _KILL = signal.SIGKILL if _POSIX else signal.SIGTERM
@@ -119,6 +121,7 @@ class WorkerGroup:
         self.procs: list[subprocess.Popen] = []
         self.labels: list[str] = []
         self.sidecars: list[bool] = []
+        self.heartbeats: list[str | None] = []
         self.sidecars_told = False
         self.threads: list[threading.Thread] = []
         self.lock = threading.Lock()
@@ -129,11 +132,14 @@ class WorkerGroup:
         env: dict[str, str],
         label: str | None = None,
         sidecar: bool = False,
+        heartbeat: str | None = None,
     ) -> None:
         """Starts a process; `label` names it (default: ``worker <index>``).
 
         A `sidecar` (the evaluator) is told once every other process has
         exited with 0 (see `done_file`), and the group then waits for it.
+        The `heartbeat` file (`kerastower.heartbeats`) says what the process
+        was doing last when the group stops after a failure.
         """
         # Its own session: Ctrl-C at a terminal reaches the launcher only,
         # which gives the workers SIGTERM and time to save a checkpoint.
@@ -147,7 +153,7 @@ class WorkerGroup:
             start_new_session=_POSIX,
             preexec_fn=functools.partial(_die_with, os.getpid()) if _LINUX else None,
         )
-        label = self.track(proc, label, sidecar)
+        label = self.track(proc, label, sidecar, heartbeat)
         if not self.streamed:
             return
         for pipe, name in ((proc.stdout, "stdout"), (proc.stderr, "stderr")):
@@ -156,14 +162,26 @@ class WorkerGroup:
             self.threads[-1].start()
 
     def track(
-        self, proc: subprocess.Popen, label: str | None = None, sidecar: bool = False
+        self,
+        proc: subprocess.Popen,
+        label: str | None = None,
+        sidecar: bool = False,
+        heartbeat: str | None = None,
     ) -> str:
         """Adds a started process to the group; returns its label."""
         label = label or f"worker {self.first_index + len(self.procs)}"
         self.procs.append(proc)
         self.labels.append(label)
         self.sidecars.append(sidecar)
+        self.heartbeats.append(heartbeat)
         return label
+
+    def report_last_steps(self) -> None:
+        """Says what each process with a heartbeat file was doing last."""
+        for label, path in zip(self.labels, self.heartbeats):
+            if path is not None:
+                last = describe(path) or "had not begun a batch of fit"
+                say(f"{label} was last {last}")
 
     def running(self) -> list[int]:
         return [i for i, p in enumerate(self.procs) if p.poll() is None]
@@ -208,6 +226,7 @@ class WorkerGroup:
                     + ("; stopped the others" if others else "")
                     + (f" (killed {self.names(killed)})" if killed else "")
                 )
+                self.report_last_steps()
                 return exit_status(failed[0].returncode)
             if None not in codes:
                 return 0
@@ -246,11 +265,13 @@ def run_group(
     signals: list[int],
     labels: Sequence[str | None] = (),
     sidecars: int = 0,
+    heartbeats: Sequence[str | None] = (),
 ) -> int:
     """Starts a process of `group` per environment and waits for them.
 
     `labels` name the processes, in order (default: ``worker <index>``); the
-    last `sidecars` of them are sidecars (see `WorkerGroup.start`).
+    last `sidecars` of them are sidecars, and `heartbeats` are their
+    heartbeat files (see `WorkerGroup.start`).
 
     Returns:
         0 when every worker exits with 0; else the first failed worker's
@@ -260,7 +281,9 @@ def run_group(
     try:
         for i, env in enumerate(envs):
             label = labels[i] if i < len(labels) else None
-            group.start(command, env, label, sidecar=i >= len(envs) - sidecars)
+            heartbeat = heartbeats[i] if i < len(heartbeats) else None
+            sidecar = i >= len(envs) - sidecars
+            group.start(command, env, label, sidecar, heartbeat)
         return group.wait(grace_period, signals)
     finally:
         group.close()

@@ -24,6 +24,7 @@ LAYERS = [
         "kerastower.worker_configs",
         "kerastower.slurm",
         "kerastower.worker_group",
+        "kerastower.heartbeats",
     ],
     # This process's devices and cluster, and the public plain functions.
     [

@@ -578,3 +578,36 @@ def test_the_evaluator_runs_beside_the_workers_until_they_finish(tmp_path, capsy
     assert len({json.dumps(c, sort_keys=True) for c in clusters.values()}) == 1
     assert len(clusters["evaluator0"]["worker"]) == 2
     assert len(clusters["evaluator0"]["evaluator"]) == 1
+
+
+@pytest.mark.slow
+def test_a_hung_worker_is_found_by_the_collective_timeout_and_reported():
+    # Worker 1 sleeps after train batch 3; worker 0's all-reduce of batch 4
+    # times out (10 s), and the launcher says where each one was.
+    script = ROOT / "tests" / "workers" / "hanging.py"
+    proc = _cli(
+        "launch", "-n", "2", "--towers", "2", "--grace-period", "2", str(script)
+    )
+    try:
+        _, stderr = proc.communicate(timeout=240)
+    finally:
+        proc.kill()
+    assert proc.returncode == 1, stderr[-3000:]
+    assert "DeadlineExceededError" in stderr
+    assert "kerastower launch: worker 0 exited with 1; stopped the others" in stderr
+    last = "kerastower launch: worker {} was last {} train batch {} of epoch 0, "
+    assert re.search(re.escape(last.format(0, "in", 4)) + r"[0-9.]+ s ago", stderr)
+    assert re.search(re.escape(last.format(1, "after", 3)) + r"[0-9.]+ s ago", stderr)
+
+
+def test_heartbeats_describe_the_last_record(tmp_path):
+    from kerastower import heartbeats
+
+    path = str(tmp_path / "beat")
+    assert heartbeats.describe(path) is None  # no file yet
+    record = heartbeats._Record(path)
+    assert heartbeats.describe(path) is None  # no record yet
+    record.write(phase="test", state="begin", epoch=2, batch=7, time=100.0)
+    assert heartbeats.describe(path, now=112.34) == (
+        "in test batch 7 of epoch 2, 12.3 s ago"
+    )

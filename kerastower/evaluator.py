@@ -199,12 +199,23 @@ class SidecarEvaluator:
         return None if self.log_dir is None else os.path.join(self.log_dir, LOG_NAME)
 
     def _evaluated_before(self) -> set[tuple[str, int]]:
+        """The checkpoints in the log; the best of them becomes the one to beat."""
         path = self._log_path
         if path is None or not os.path.exists(path):
             return set()
         with open(path) as log:
             results = [json.loads(line) for line in log if line.strip()]
+        for result in results:
+            if self._better(result["metrics"].get(self.monitor)):
+                self._best = result["metrics"][self.monitor]
         return {(r["checkpoint"], r["modified_ns"]) for r in results}
+
+    def _better(self, value: float | None) -> bool:
+        if value is None or math.isnan(value):
+            return False
+        if self._best is None:
+            return True
+        return value < self._best if self.mode == "min" else value > self._best
 
     def _done(self) -> bool:
         last = self.results[-1] if self.results else None
@@ -262,12 +273,7 @@ class SidecarEvaluator:
 
     def _keep_if_best(self, result: dict[str, Any]) -> None:
         value = result["metrics"].get(self.monitor)
-        if self.best_filepath is None or value is None or math.isnan(value):
-            return
-        better = self._best is None or (
-            value < self._best if self.mode == "min" else value > self._best
-        )
-        if better:
+        if self.best_filepath is not None and self._better(value):
             self._best = value
             write_atomically(
                 self.best_filepath,

@@ -99,6 +99,7 @@ def test_every_checkpoint_is_evaluated_as_one_device_evaluates_it(tmp_path):
     )
     again.stop()
     assert again.start() == []
+    assert again._best == best["metrics"]["loss"]  # to beat, after a restart
 
 
 def test_checkpoints_are_evaluated_as_they_arrive_until_training_ends(tmp_path):

@@ -194,10 +194,9 @@ def weigh_loss(
         loss: The tower's loss, as Keras computed it on the tower's shard.
         weight: ``n_i / B``, the tower's share of the global batch.
         losses: The step's `TowerLosses`.
-        whole_batch: Whether every tower computed `loss` on the whole global
-            batch (``global_batch_loss``): the first tower's then counts
-            once (weight 1), the others' not at all (weight 0); their
-            gradients still reach every tower through the gather.
+        whole_batch: Whether every tower computed its compiled losses on the
+            whole global batch (``global_batch_loss``): see
+            `_weigh_whole_batch_loss`.
 
     Returns:
         The weighted loss and the weighted per-output losses (empty when
@@ -205,13 +204,8 @@ def weigh_loss(
     """
     records = losses.records.pop(tf.distribute.get_replica_context(), [])
     if whole_batch:
-        factors = [None] * len(records)
-        first = tf.equal(
-            tf.distribute.get_replica_context().replica_id_in_sync_group, 0
-        )
-        weight = tf.cast(first, loss.dtype)
-    else:
-        factors = weigh_compiled_losses(records, losses.global_batch, losses.sum_fn)
+        return _weigh_whole_batch_loss(loss, weight, records, losses)
+    factors = weigh_compiled_losses(records, losses.global_batch, losses.sum_fn)
     per_output = []
     for (value, _, _), factor, loss_weight in zip(
         records, factors, losses.loss_weights
@@ -232,3 +226,32 @@ def weigh_loss(
     if not losses.per_output_metrics:
         per_output = []
     return loss * weight, [v * weight for v in per_output]
+
+
+def _weigh_whole_batch_loss(loss, weight, records, losses: TowerLosses):
+    """`weigh_loss` for a tower whose compiled losses are the whole batch's.
+
+    The compiled part ``C = sum_k value_k * loss_weight_k`` is the same on
+    every tower: the first tower counts it once (weight 1), the others not
+    at all; their gradients still reach every tower through the gather. The
+    rest of Keras's loss, ``loss - C`` (regularization and `add_loss`
+    terms, computed on this tower's shard), is weighted by the tower's share
+    ``n_i / B`` as without the option: a batch-mean activity penalty then
+    adds up to the global batch's, a kernel penalty to one copy. When ``C``
+    is not finite, the whole loss counts on the first tower, as on one
+    device (the difference would be NaN).
+    """
+    first = tf.cast(
+        tf.equal(tf.distribute.get_replica_context().replica_id_in_sync_group, 0),
+        loss.dtype,
+    )
+    values = [tf.cast(value, loss.dtype) for value, _, _ in records]
+    compiled = tf.zeros_like(loss)
+    for value, loss_weight in zip(values, losses.loss_weights):
+        compiled += value * tf.cast(loss_weight, loss.dtype)
+    others = (loss - compiled) * tf.cast(weight, loss.dtype)
+    weighted = tf.where(
+        tf.math.is_finite(compiled), compiled * first + others, loss * first
+    )
+    per_output = [v * first for v in values] if losses.per_output_metrics else []
+    return weighted, per_output

@@ -23,9 +23,10 @@ counts it once, the others with weight 0, so the towers' losses add up to
 reaches tower ``i`` through the gather's gradient, and the towers' parameter
 gradients add up to one device's.
 
-Losses added in the forward pass (``add_loss``, activity regularizers) are
-counted from the first tower's shard alone under this option; weight
-regularizers, which do not depend on the batch, are exact.
+Losses added in the forward pass (``add_loss``, activity regularizers,
+weight regularizers) stay each tower's, read before the gather, and are
+weighted by the tower's share ``n_i / B`` as without the option
+(`kerastower.step.loss_weighting`), so they add up to one device's.
 """
 
 from __future__ import annotations
@@ -87,14 +88,22 @@ class StepLoss:
         else of this shard."""
         model, gather = self.model, self._gather
         checks.check_no_coupled_loss(model)
-        if gather is not None:
-            if type(model).compute_loss is not keras.Model.compute_loss:
-                x = gather_nest(x, gather)
-            y, y_pred, sample_weight = gather_nest((y, y_pred, sample_weight), gather)
-            self._towers.add(tf.distribute.get_replica_context())
-        return _keras_compat.compute_loss(
+        if gather is None:
+            return _keras_compat.compute_loss(
+                model, x, y, y_pred, sample_weight, training=training
+            )
+        # The gather waits for every tower, whose forward passes may then
+        # replace the layers' losses: this tower's are read before it.
+        own = _additional_loss(model)
+        if type(model).compute_loss is not keras.Model.compute_loss:
+            x = gather_nest(x, gather)
+        y, y_pred, sample_weight = gather_nest((y, y_pred, sample_weight), gather)
+        self._towers.add(tf.distribute.get_replica_context())
+        loss = _keras_compat.compute_loss(
             model, x, y, y_pred, sample_weight, training=training
         )
+        seen = _additional_loss(model)  # what `compute_loss` just added
+        return loss - tf.cast(seen, loss.dtype) + tf.cast(own, loss.dtype)
 
     def weigh(self, loss, weight, losses):
         """`weigh_loss` of the tower's last `compute`d (or given) loss."""
@@ -127,3 +136,14 @@ class StepLoss:
             metrics, workers.sum_over_workers(self.model, per_output)
         ):
             metric.update_state(value, sample_weight=batch_dim)
+
+
+def _additional_loss(model: keras.Model) -> tf.Tensor:
+    """The sum of `model.losses` (regularization, `add_loss`), as
+    `keras.Model.compute_loss` adds it."""
+    total = tf.constant(0.0, keras.config.floatx())
+    for loss in model.losses:
+        if not loss.dtype.is_floating:
+            loss = tf.cast(loss, keras.config.floatx())
+        total += tf.cast(tf.reduce_sum(loss), total.dtype)
+    return total

@@ -217,3 +217,31 @@ def test_a_metric_of_the_loss_updated_in_compute_loss_is_one_devices():
     plain, towered = (h.history for h in histories)
     np.testing.assert_allclose(towered["custom"], plain["custom"], rtol=1e-5)
     np.testing.assert_allclose(towered["loss"], plain["loss"], rtol=1e-5)
+
+
+def regularized_encoder():
+    keras.utils.set_random_seed(0)
+    inputs = keras.Input((6,))
+    h = keras.layers.Dense(
+        8,
+        activation="tanh",
+        kernel_regularizer=keras.regularizers.L2(0.01),
+        activity_regularizer=keras.regularizers.L1(0.05),
+    )(inputs)
+    return keras.Model(inputs, keras.layers.Dense(4)(h))
+
+
+def test_regularization_counts_every_shard_with_the_option():
+    # The compiled loss is the whole batch's, counted once; the activity
+    # regularizer (a batch mean) is each shard's, weighted by its share as
+    # without the option, and the kernel regularizer is counted once.
+    fit_and_compare(
+        regularized_encoder,
+        X,
+        LABELS,
+        contrastive_compile,
+        towers=3,
+        batch_size=7,
+        epochs=2,
+        tower_kwargs=dict(global_batch_loss=True),
+    )

@@ -2,8 +2,8 @@
 
 Hypothesis draws a model family (dense, embeddings with or without a mask,
 per-timestep LSTM and Conv1D taggers, BatchNormalization, a convolutional
-stack with BatchNormalization, a multi-output dict, kernel constraints, sparse
-inputs, an in-batch contrastive loss), a loss that fits it (mean, masked,
+stack with BatchNormalization, a multi-output dict, kernel constraints, kernel
+and activity regularizers, sparse inputs, an in-batch contrastive loss), a loss that fits it (mean, masked,
 ``ignore_class``, ``"sum"``, sample or class weights), an optimizer (Adam and
 friends on sparse embedding gradients, AdamW with exclusions from weight
 decay, a learning-rate schedule of the test's own included), 1-4 towers and
@@ -60,6 +60,20 @@ def tokens(rng, n, padded):
 def dense(mask):
     inputs = keras.Input((5,))
     h = keras.layers.Dense(7, activation="tanh")(inputs)
+    return inputs, keras.layers.Dense(CLASSES)(h)
+
+
+def regularized(mask):
+    # Losses added in the forward pass: a batch-mean activity penalty (each
+    # tower's shard) and a kernel penalty (once), with or without the
+    # whole-batch loss.
+    inputs = keras.Input((5,))
+    h = keras.layers.Dense(
+        7,
+        activation="tanh",
+        kernel_regularizer=keras.regularizers.L2(0.01),
+        activity_regularizer=keras.regularizers.L1(0.01),
+    )(inputs)
     return inputs, keras.layers.Dense(CLASSES)(h)
 
 
@@ -149,6 +163,7 @@ def in_batch_contrastive(y_true, y_pred):
 # family: (build, inputs(rng, n, mask), per-timestep outputs)
 FAMILIES = {
     "dense": (dense, lambda rng, n, m: rng.normal(size=(n, 5)), False),
+    "regularized": (regularized, lambda rng, n, m: rng.normal(size=(n, 5)), False),
     "embedding": (embedding, tokens, False),
     "lstm_tagger": (lstm_tagger, tokens, True),
     "conv_tagger": (conv_tagger, tokens, True),

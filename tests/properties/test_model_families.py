@@ -3,10 +3,11 @@
 Hypothesis draws a model family (dense, embeddings with or without a mask,
 per-timestep LSTM and Conv1D taggers, BatchNormalization, a convolutional
 stack with BatchNormalization, a multi-output dict, kernel constraints, kernel
-and activity regularizers, sparse inputs, an in-batch contrastive loss), a loss that fits it (mean, masked,
-``ignore_class``, ``"sum"``, sample or class weights), an optimizer (Adam and
-friends on sparse embedding gradients, AdamW with exclusions from weight
-decay, a learning-rate schedule of the test's own included), 1-4 towers and
+and activity regularizers, sparse inputs, an in-batch contrastive loss), a
+loss that fits it (mean, masked, ``ignore_class``, ``"sum"``, sample or class
+weights), an optimizer (Adam and friends on sparse embedding gradients, AdamW
+with exclusions from weight decay, a learning-rate schedule of the test's own
+included), 1-4 towers and
 batch sizes 1-33, so that uneven splits and batches smaller than the tower
 count occur, with or without per-tower replicas (``replicate_variables``) and
 the loss of the whole batch (``global_batch_loss``, always with the

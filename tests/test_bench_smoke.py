@@ -200,3 +200,17 @@ def test_trace_ratios_are_over_the_plain_model_of_the_same_run():
     table = markdown_table(rows)
     assert "| m | tower4 | 5.0 | 2.50 | 120 | 1.20 |" in table
     assert "| m | mirrored4 | error: boom" in table
+
+
+@pytest.mark.slow
+def test_gather_quick_run_times_the_three_variants(tmp_path):
+    process = run_bench("bench.gather", "--quick", "--out", str(tmp_path))
+    assert process.returncode == 0, process.stderr[-3000:]
+    result = json.loads((tmp_path / "gather.json").read_text())
+    assert set(result["ms_per_step"]) == {"plain", "shards", "gathered"}
+    for name, times in result["raw_ms"].items():
+        assert len(times) == 2 and all(t > 0 for t in times), name
+    gathered, shards = result["raw_ms"]["gathered"], result["raw_ms"]["shards"]
+    expected = statistics.median(g / s for g, s in zip(gathered, shards))
+    assert result["ratios"]["gathered/shards"] == round(expected, 3)
+    assert "| gathered / shards |" in (tmp_path / "gather.md").read_text()

@@ -50,6 +50,7 @@ RUNS = {
         "monitor.png",
     ),
     "plot_splitting.py": (["--out", "{tmp}/splitting.png"], "splitting.png"),
+    "evaluator.py": (["--dir", "{tmp}"], "evaluated 3 checkpoints"),
 }
 COVERED_ELSEWHERE = {"multi_worker.py": "tests/test_multi_worker.py runs it"}
 

@@ -105,16 +105,16 @@ class TowerModel(_keras_compat.TrainerHooks, keras.Model):
             batch from every tower's gathered predictions, instead of on
             each shard: for losses that compare the examples of a batch
             (contrastive losses, `keras.losses.Circle`, `Dice` and `Tversky`
-            with ``axis=None``; see `kerastower.step.step_loss`). One
-            worker. Defaults to ``False``.
+            with ``axis=None``; see `kerastower.step.step_loss`); on several
+            workers, of all workers' batches. Defaults to ``False``.
         **kwargs: Passed to `keras.Model`.
 
     Raises:
         ValueError: If `towers` is not ``None``, an integer of at least 1 or a
             list of existing device names, or asks for more devices than are
             visible; if `strategy` is not ``None`` or a
-            `tf.distribute.Strategy`; or if `replicate_variables` or
-            `global_batch_loss` is set with several workers.
+            `tf.distribute.Strategy`; or if `replicate_variables` is set
+            with several workers.
     """
 
     def __new__(cls, *args: Any, **kwargs: Any):

@@ -11,8 +11,8 @@ The package is that one place: `errors` (the error and the supported
 range), `losses` (loss reduction and masks), `trainer` (model and trainer
 hooks), `layers` (`SpectralNormalization`'s update, `StatelessScope`), `callbacks`
 (callbacks, optimizers, strategies), `optimizers` (an optimizer's copy for
-replicas) and `collectives` (TensorFlow's
-multi-worker start-up).
+replicas), `metrics` (a `Mean` of a batch scalar updated in a tower) and
+`collectives` (TensorFlow's multi-worker start-up).
 """
 
 from kerastower._keras_compat.callbacks import (
@@ -24,6 +24,7 @@ from kerastower._keras_compat.callbacks import (
     strategy_num_workers,
 )
 from kerastower._keras_compat.collectives import (
+    call_time_value,
     check_prepared,
     prepare_collective_ops,
     runtime_started,
@@ -51,6 +52,10 @@ from kerastower._keras_compat.losses import (
     loss_divisor,
     set_keras_mask,
 )
+from kerastower._keras_compat.metrics import (
+    scalar_means_weighted,
+    weigh_scalar_means,
+)
 from kerastower._keras_compat.optimizers import clone_optimizer
 from kerastower._keras_compat.trainer import (
     Functional,
@@ -73,6 +78,7 @@ from kerastower._keras_compat.trainer import (
 )
 
 __all__ = [
+    "call_time_value",
     "SUPPORTED_KERAS",
     "SUPPORTED_TENSORFLOW",
     "NORMALISED_REDUCTIONS",
@@ -101,6 +107,8 @@ __all__ = [
     "is_remote_path",
     "learning_rate_slot",
     "loss_divisor",
+    "scalar_means_weighted",
+    "weigh_scalar_means",
     "loss_tracker",
     "strategy_num_workers",
     "override_batch_norm_moments",

@@ -9,8 +9,13 @@ instance key within a group. kerastower issues two kinds, both keyed here:
   (`kerastower.reduce.towers.TowerSum`): one group, `WORKERS_GROUP_KEY`, one
   member per worker. Every worker must issue the same keys in the same order,
   and a step's two branches (all towers, or a small batch whole on one) must
-  issue the same keys too, so a step reserves a block of keys
-  (`reserve(STEP_BLOCK)`) and numbers its sums from the block's start;
+  issue the same keys too, so each step has a `StepBlock` of keys and numbers
+  its sums from the block's start. The block is reserved anew at every call
+  of the traced step, as `MultiWorkerMirroredStrategy` takes a new key for
+  each collective: TensorFlow remembers the shape an instance key first
+  summed, and a sum whose shape changes between steps (the predictions
+  gathered for ``global_batch_loss``, in a shorter last batch) must not
+  reuse a key;
 - the ring all-reduces of the replicas (`kerastower.reduce.replicas`): one
   group per set of tower devices (`group_key`), one key per all-reduce.
 
@@ -23,10 +28,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import tensorflow as tf
+
+from kerastower import _keras_compat
+
 WORKERS_GROUP_KEY = 0x6B740001
 _FIRST_DEVICE_GROUP_KEY = 0x6B741000
 _FIRST_INSTANCE_KEY = 1 << 20
-# Instance keys are int32: room for about 500,000 steps' blocks.
+# The most sums over the workers one step may issue. A traced step reserves
+# as many keys per call as it issues; an eager step reserves the whole block.
 STEP_BLOCK = 1 << 12
 
 _device_groups: dict[tuple[str, ...], int] = {}
@@ -72,3 +82,37 @@ def reserve(count: int = 1) -> int:
         )
     _next_instance_key += count
     return first
+
+
+class StepBlock:
+    """The instance keys of one step's sums over the workers.
+
+    Make it where the step is traced, outside its branches; `key` gives the
+    key of the ``k``-th sum. In a traced step the block's first key is taken
+    at every call of the step (`_keras_compat.call_time_value`), as many keys
+    as the trace used, so that no key sums tensors of two shapes.
+    """
+
+    def __init__(self):
+        self.size = 0
+        if tf.executing_eagerly():
+            self._first = tf.constant(reserve(STEP_BLOCK), tf.int32)
+        else:
+            self._first = _keras_compat.call_time_value(self._reserve)
+
+    def _reserve(self) -> int:
+        return reserve(max(self.size, 1))
+
+    def key(self, k: int) -> tf.Tensor:
+        """The instance key of the step's ``k``-th sum (from 0).
+
+        Raises:
+            RuntimeError: If the step sums more than `STEP_BLOCK` times.
+        """
+        if k >= STEP_BLOCK:
+            raise RuntimeError(
+                f"A step summed more than {STEP_BLOCK} tensors over the "
+                "workers; kerastower.reduce.keys.STEP_BLOCK must grow."
+            )
+        self.size = max(self.size, k + 1)
+        return self._first + k

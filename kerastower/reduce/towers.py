@@ -92,31 +92,37 @@ def gather_over_towers(
     values: Sequence[tf.Tensor],
     sizes: tf.Tensor,
     sum_fn: Callable[[list[tf.Tensor]], list[tf.Tensor]] = sum_over_towers,
+    offset: tf.Tensor | int = 0,
+    total: tf.Tensor | None = None,
 ) -> list[tf.Tensor]:
     """Every tower's `values`, concatenated along axis 0 in tower order.
 
     Called by every tower with its rows: tower ``i`` places its ``n_i`` rows
-    at rows ``[o_i, o_i + n_i)`` of ``B = sum_j n_j`` rows of zeros
-    (``o_i = sum_{j<i} n_j``) and the towers sum them. The result is exact
-    (``x + 0 == x``) and every tower gets the same one. Differentiable: the
-    gradient of tower ``i``'s rows is rows ``[o_i, o_i + n_i)`` of the sum of
-    the towers' upstream gradients. An all-reduce of ``B`` rows moves ``N``
-    times the bytes of an all-gather; it is used for predictions and targets,
-    which are small.
+    at rows ``[o_i, o_i + n_i)`` of ``B`` rows of zeros
+    (``o_i = offset + sum_{j<i} n_j``) and the towers sum them; on several
+    workers, `sum_fn` sums over every tower of every worker, `offset` is
+    the examples of the workers before this one and ``B`` all workers'.
+    The result is exact (``x + 0 == x``) and every tower gets the same one.
+    Differentiable: the gradient of tower ``i``'s rows is rows
+    ``[o_i, o_i + n_i)`` of the sum of the towers' upstream gradients. An
+    all-reduce of ``B`` rows moves ``N`` times the bytes of an all-gather;
+    it is used for predictions and targets, which are small.
 
     Args:
         values: This tower's tensors, each with its ``n_i`` rows first;
             booleans and int32 are summed as int64.
         sizes: ``(n_0, ..., n_{N-1})``, every tower's row count.
         sum_fn: Sums a list of tensors over the towers.
+        offset: Where this worker's rows start.
+        total: ``B``; defaults to ``sum(sizes)`` (one worker).
 
     Returns:
         The gathered tensors, ``B`` rows each, in `values`' dtypes.
     """
     context = tf.distribute.get_replica_context()
     sizes = tf.cast(sizes, tf.int32)
-    start = tf.reduce_sum(sizes[: context.replica_id_in_sync_group])
-    total = tf.reduce_sum(sizes)
+    start = offset + tf.reduce_sum(sizes[: context.replica_id_in_sync_group])
+    total = tf.reduce_sum(sizes) if total is None else tf.cast(total, tf.int32)
     values = [tf.convert_to_tensor(value) for value in values]
     padded = []
     for value in values:
@@ -155,9 +161,8 @@ class TowerSum:
             runs.
         timeout_seconds: How long a collective may wait for the other
             workers.
-        first_key: The first instance key of the step's block
-            (`kerastower.reduce.keys.reserve`); ``None`` on one worker, where
-            no collective runs.
+        block: The step's `kerastower.reduce.keys.StepBlock` of instance
+            keys; ``None`` on one worker, where no collective runs.
     """
 
     def __init__(
@@ -165,13 +170,13 @@ class TowerSum:
         workers: int,
         device: str,
         timeout_seconds: float,
-        first_key: int | None,
+        block: keys.StepBlock | None,
     ):
         self.workers = workers
         self.device = device
         self.timeout_seconds = timeout_seconds
-        self.first_key = first_key
-        self.next_key = first_key
+        self.block = block
+        self.next_key = 0  # the next key's place in the block
 
     def __call__(self, values: Sequence[tf.Tensor]) -> list[tf.Tensor]:
         values = list(values)
@@ -194,12 +199,6 @@ class TowerSum:
         """One collective per dtype, over the first towers of all workers."""
         out = list(values)
         for dtype in sorted({v.dtype for v in values}, key=lambda d: d.name):
-            if self.next_key >= self.first_key + keys.STEP_BLOCK:
-                raise RuntimeError(
-                    "A training step summed more than "
-                    f"{keys.STEP_BLOCK} tensors over the workers; "
-                    "kerastower.reduce.keys.STEP_BLOCK must grow."
-                )
             where = [i for i, v in enumerate(values) if v.dtype == dtype]
             flat = tf.concat([tf.reshape(values[i], [-1]) for i in where], axis=0)
             with tf.device(self.device):
@@ -207,7 +206,7 @@ class TowerSum:
                     input=flat,
                     group_size=self.workers,
                     group_key=keys.WORKERS_GROUP_KEY,
-                    instance_key=self.next_key,
+                    instance_key=self.block.key(self.next_key),
                     ordering_token=[],
                     merge_op="Add",
                     final_op="Id",

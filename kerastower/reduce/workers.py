@@ -111,6 +111,36 @@ def sum_over_workers(model: keras.Model, values: Any) -> Any:
     return all_reduce_sum(model.worker_strategy, values)
 
 
+def worker_rank(model: keras.Model) -> int:
+    """This worker's place among the workers of `model`, the chief first."""
+    if model.num_workers == 1:
+        return 0
+    return int(model.worker_strategy.cluster_resolver.task_id)
+
+
+def batches_over_workers(model: keras.Model, batch: tf.Tensor):
+    """Where this worker's batch starts in the global batch, and its size.
+
+    The global batch is every worker's batch, in worker order (the chief's
+    first): one device's batch for the step.
+
+    Args:
+        model: A `kerastower.TowerModel`.
+        batch: This worker's number of examples, a scalar.
+
+    Returns:
+        ``(offset, total)``: the examples of the workers before this one
+        (int32) and of all workers (float32).
+    """
+    batch = tf.cast(batch, tf.float32)
+    if model.num_workers == 1:
+        return tf.constant(0, tf.int32), batch
+    rank = worker_rank(model)
+    mine = tf.one_hot(rank, model.num_workers, dtype=tf.float32) * batch
+    every = sum_over_workers(model, mine)
+    return tf.cast(tf.reduce_sum(every[:rank]), tf.int32), tf.reduce_sum(every)
+
+
 def sum_gradients_over_workers(
     model: keras.Model,
     loss: tf.Tensor,

@@ -150,15 +150,36 @@ def check_one_worker_options(model: keras.Model) -> None:
     """Raises if an option that supports one worker is set with several.
 
     Raises:
-        ValueError: If ``replicate_variables`` or ``global_batch_loss`` is
-            set and the model trains on several workers.
+        ValueError: If ``replicate_variables`` is set and the model trains
+            on several workers.
     """
-    for name in ("replicate_variables", "global_batch_loss"):
-        if getattr(model, name) and model.num_workers > 1:
-            raise ValueError(
-                f"`{name}=True` supports one worker only. Received: "
-                f"{name}=True with {model.num_workers} workers"
-            )
+    if model.replicate_variables and model.num_workers > 1:
+        raise ValueError(
+            "`replicate_variables=True` supports one worker only. Received: "
+            f"replicate_variables=True with {model.num_workers} workers"
+        )
+
+
+def check_gathered_steps(model: keras.Model) -> None:
+    """Raises if a step on several workers that gathers the batch would loop.
+
+    The sums over the workers take their instance keys at each call of the
+    step (`kerastower.reduce.keys.StepBlock`): the steps of one call
+    (``steps_per_execution > 1``) share them, and the gather of
+    ``global_batch_loss`` changes shape with a shorter last batch, which one
+    key cannot sum.
+
+    Raises:
+        ValueError: If ``global_batch_loss`` is set on several workers with
+            ``steps_per_execution > 1``.
+    """
+    steps = getattr(model, "steps_per_execution", 1)
+    if model.global_batch_loss and model.num_workers > 1 and steps > 1:
+        raise ValueError(
+            "`global_batch_loss=True` on several workers runs one step per "
+            "execution: compile with `steps_per_execution=1`. Received: "
+            f"steps_per_execution={steps} with {model.num_workers} workers"
+        )
 
 
 def couples_examples(loss: Any) -> bool:

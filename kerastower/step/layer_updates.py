@@ -20,8 +20,9 @@ A training step therefore runs in two parts (`step_state`, `tower_reads`):
 2. Tower 0 runs as one device does and makes its assignments. Every other
    tower reads that state before the towers (its replicas for the trainable
    variables, with ``replicate_variables=True``), and its assignments to the
-   model's weights are dropped; its other assignments (metrics updated in
-   ``compute_loss``, the seed generators of random layers) are made. The
+   model's weights are dropped; the increments it makes to the model's
+   metrics (updated in ``compute_loss``) are added to them, and its other
+   assignments (the seed generators of random layers) are made. The
    model's weights end the step with tower 0's assignments: one device's for
    an update that does not depend on the batch (a counter, spectral
    normalisation) or that uses statistics of the global batch (synchronised
@@ -73,6 +74,8 @@ class StepState:
     Attributes:
         values: ``(variable, value)`` for each of the model's non-trainable
             weights, read before the towers ran.
+        metrics: ``(variable, value)`` for each of its metrics' variables,
+            read before the towers ran.
         assigned: The paths of trainable weights that a tower after the
             first assigned (a dict used as an ordered set).
         kept: The paths of non-trainable weights that a tower after the
@@ -81,6 +84,7 @@ class StepState:
     """
 
     values: list
+    metrics: list = dataclasses.field(default_factory=list)
     assigned: dict = dataclasses.field(default_factory=dict)
     kept: dict = dataclasses.field(default_factory=dict)
 
@@ -116,8 +120,14 @@ def step_state(
             for tower in range(1, len(replicas.devices)):
                 with tf.device(replicas.devices[tower]):
                     replicas.replica_variables(tower)[j].assign(kernel)
+    weights = {id(v) for v in model.non_trainable_weights}
     state = StepState(
-        [(v, tf.convert_to_tensor(v.value)) for v in model.non_trainable_weights]
+        [(v, tf.convert_to_tensor(v.value)) for v in model.non_trainable_weights],
+        [
+            (v, tf.convert_to_tensor(v.value))
+            for v in model.metrics_variables
+            if id(v) not in weights
+        ],
     )
     try:
         for layer in layers:
@@ -170,7 +180,9 @@ def tower_reads(
     mapping = list(zip(variables, read))
     mapped = {id(v) for v in variables}
     mapping += [(v, v) for v in model.trainable_weights if id(v) not in mapped]
-    mapping += [(v, value) for v, value in state.values if id(v) not in mapped]
+    mapping += [
+        (v, value) for v, value in state.values + state.metrics if id(v) not in mapped
+    ]
     mapped.update(id(v) for v, _ in mapping)
     mapping = [
         (
@@ -188,6 +200,7 @@ def tower_reads(
     trainable = {id(v) for v in model.trainable_weights} - frozen
     state.assigned.update((v.path, None) for v in scope.updated if id(v) in trainable)
     before = {id(v): value for v, value in state.values}
+    metrics = {id(v): value for v, value in state.metrics}
     own = _own_updates(model)
     made = set()
     for variable in scope.updated:
@@ -196,6 +209,9 @@ def tower_reads(
         made.add(id(variable))
         if id(variable) not in mapped:
             variable.assign(scope.get_current_value(variable))
+        elif id(variable) in metrics:
+            delta = scope.get_current_value(variable) - metrics[id(variable)]
+            variable.assign_add(delta)
         elif id(variable) in before and variable.aggregation == "sum":
             delta = scope.get_current_value(variable) - before[id(variable)]
             variable.assign_add(delta)

@@ -173,6 +173,8 @@ class TowerLosses(NamedTuple):
         global_batch: ``B``, the step's examples on all towers and workers.
         per_output_metrics: Whether Keras keeps per-output loss metrics.
         sum_fn: Sums a list of tensors over all towers of all workers.
+        first_worker: Whether this worker is the first (the chief), whose
+            first tower counts a loss that every tower computed whole.
     """
 
     records: dict
@@ -180,6 +182,7 @@ class TowerLosses(NamedTuple):
     global_batch: tf.Tensor
     per_output_metrics: bool
     sum_fn: Callable[[Sequence[tf.Tensor]], list[tf.Tensor]]
+    first_worker: bool = True
 
 
 def weigh_loss(
@@ -232,17 +235,19 @@ def _weigh_whole_batch_loss(loss, weight, records, losses: TowerLosses):
     """`weigh_loss` for a tower whose compiled losses are the whole batch's.
 
     The compiled part ``C = sum_k value_k * loss_weight_k`` is the same on
-    every tower: the first tower counts it once (weight 1), the others not
-    at all; their gradients still reach every tower through the gather. The
-    rest of Keras's loss, ``loss - C`` (regularization and `add_loss`
-    terms, computed on this tower's shard), is weighted by the tower's share
+    every tower of every worker: the first worker's first tower counts it
+    once (weight 1), the others not at all; their gradients still reach
+    every tower through the gather. The rest of Keras's loss, ``loss - C``
+    (regularization and `add_loss` terms, computed on this tower's shard),
+    is weighted by the tower's share
     ``n_i / B`` as without the option: a batch-mean activity penalty then
     adds up to the global batch's, a kernel penalty to one copy. When ``C``
     is not finite, the whole loss counts on the first tower, as on one
     device (the difference would be NaN).
     """
     first = tf.cast(
-        tf.equal(tf.distribute.get_replica_context().replica_id_in_sync_group, 0),
+        tf.equal(tf.distribute.get_replica_context().replica_id_in_sync_group, 0)
+        & losses.first_worker,
         loss.dtype,
     )
     values = [tf.cast(value, loss.dtype) for value, _, _ in records]

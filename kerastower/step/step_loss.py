@@ -66,17 +66,29 @@ class StepLoss:
         self._towers: set = set()
 
     @contextlib.contextmanager
-    def gathering(self, sizes: tf.Tensor, sum_fn: Any) -> Iterator[None]:
+    def gathering(
+        self,
+        sizes: tf.Tensor,
+        sum_fn: Any,
+        offset: tf.Tensor | int = 0,
+        total: tf.Tensor | None = None,
+    ) -> Iterator[None]:
         """Makes the towers run while open compute the global batch's loss,
         with ``global_batch_loss`` (else does nothing).
 
         Args:
-            sizes: Every tower's number of examples.
-            sum_fn: Sums a list of tensors over the towers.
+            sizes: This worker's towers' numbers of examples.
+            sum_fn: Sums a list of tensors over every tower of every worker.
+            offset: The examples of the workers before this one.
+            total: ``B``, the examples of all workers (default: this one's).
         """
         if self.model.global_batch_loss:
             self._gather = functools.partial(
-                gather_over_towers, sizes=sizes, sum_fn=sum_fn
+                gather_over_towers,
+                sizes=sizes,
+                sum_fn=sum_fn,
+                offset=offset,
+                total=total,
             )
         try:
             yield
@@ -110,7 +122,16 @@ class StepLoss:
         context = tf.distribute.get_replica_context()
         whole = context in self._towers
         self._towers.discard(context)
-        return weigh_loss(loss, weight, losses, whole_batch=whole)
+        weighted, per_output = weigh_loss(loss, weight, losses, whole_batch=whole)
+        # A `Mean` of the loss updated in `compute_loss` weighs as the loss.
+        finite = tf.math.is_finite(loss) & tf.not_equal(loss, 0)
+        factor = tf.where(
+            finite,
+            tf.math.divide_no_nan(weighted, loss),
+            tf.cast(weight, weighted.dtype),
+        )
+        _keras_compat.weigh_scalar_means(factor)
+        return weighted, per_output
 
     def tower_loss(self, x, y, y_pred, sample_weight, weight, losses, training):
         """This tower's weighted share of the step's loss and of each output's.

@@ -22,6 +22,7 @@ from typing import Any
 import keras
 
 from kerastower import _keras_compat
+from kerastower.reduce import workers
 from kerastower.step.batch_norm import global_moments
 from kerastower.step.loss_weighting import TowerLoss, TowerLosses
 
@@ -68,7 +69,14 @@ def tower_context(
         with _keras_compat.compiled_losses_replaced(
             model, lambda loss: TowerLoss(loss, records), _IgnoredMetric
         ) as (loss_weights, has_metrics):
-            yield TowerLosses(records, loss_weights, global_batch, has_metrics, sum_fn)
+            yield TowerLosses(
+                records,
+                loss_weights,
+                global_batch,
+                has_metrics,
+                sum_fn,
+                workers.worker_rank(model) == 0,
+            )
     finally:
         for layer in patched:
             _keras_compat.restore_batch_norm(layer)

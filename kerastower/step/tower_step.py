@@ -20,6 +20,7 @@ A step, top to bottom (`TowerStep.train`):
 
 from __future__ import annotations
 
+import contextlib
 import warnings
 
 import keras
@@ -315,21 +316,31 @@ class TowerStep:
         if model.num_towers > 1:
             checks.check_no_stateful_layers(model)
             checks.warn_if_xla_uses_one_device(model)
+        if across_workers:
+            checks.check_gathered_steps(model)
         batch = tf.shape(first_leaf(data))[0]
         num_workers = model.num_workers if across_workers else 1
-        total = tf.cast(batch, tf.float32)
+        offset, total = tf.constant(0, tf.int32), tf.cast(batch, tf.float32)
         if num_workers > 1:
-            total = workers.sum_over_workers(model, total)
+            offset, total = workers.batches_over_workers(model, batch)
         # Both branches number their cross-worker sums from one block of keys.
-        first_key = keys.reserve(keys.STEP_BLOCK) if num_workers > 1 else None
+        block = keys.StepBlock() if num_workers > 1 else None
+
+        def weighted_fn(shard, weight, losses):
+            # A `Mean` of a batch scalar (a loss tracked in `compute_loss`)
+            # counts each tower by its share, as one device counts the batch.
+            with _keras_compat.scalar_means_weighted(weight):
+                return tower_fn(shard, weight, losses)
 
         def new_sum():
             return TowerSum(
-                num_workers, model.tower_devices[0], multi_worker.timeout(), first_key
+                num_workers, model.tower_devices[0], multi_worker.timeout(), block
             )
 
         def on_towers():
-            return combine(self.run_towers(tower_fn, data, batch, total, new_sum()))
+            return combine(
+                self.run_towers(weighted_fn, data, batch, total, new_sum(), offset)
+            )
 
         one_tower_warnings: list = []
 
@@ -339,11 +350,19 @@ class TowerStep:
                 warnings.simplefilter("always")
                 # One device's statistics are this tower's, unless workers
                 # add theirs.
+                sum_fn = new_sum()
                 context = tower_context(
-                    model, total, new_sum(), sync_batch_norm=num_workers > 1
+                    model, total, sum_fn, sync_batch_norm=num_workers > 1
                 )
-                with context as losses, tf.device(model.tower_devices[0]):
-                    result = combine([tower_fn(data, weight, losses)])
+                # On several workers the loss of the whole batch needs every
+                # worker's rows; on one, this tower holds them all.
+                gathering = (
+                    self.loss.gathering(tf.reshape(batch, [1]), sum_fn, offset, total)
+                    if num_workers > 1
+                    else contextlib.nullcontext()
+                )
+                with gathering, context as losses, tf.device(model.tower_devices[0]):
+                    result = combine([weighted_fn(data, weight, losses)])
             one_tower_warnings.append(caught)
             return result
 
@@ -365,7 +384,7 @@ class TowerStep:
         )
         return result, total
 
-    def run_towers(self, tower_fn, data, batch, total, sum_fn):
+    def run_towers(self, tower_fn, data, batch, total, sum_fn, offset=0):
         """Splits `data` into shards and runs `tower_fn` on every tower."""
         towers = self.model.num_towers
         # Hide the sizes from shape inference, so that a tower's static batch
@@ -385,7 +404,8 @@ class TowerStep:
             )
         )
         context = tower_context(self.model, total, sum_fn, sync_batch_norm=True)
-        with self.loss.gathering(sizes, sum_fn), context as losses:
+        gathering = self.loss.gathering(sizes, sum_fn, offset, total)
+        with gathering, context as losses:
             outputs = strategy.run(
                 lambda args: tower_fn(args[0], args[1], losses), args=(inputs,)
             )

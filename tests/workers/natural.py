@@ -7,7 +7,8 @@ tests start it through ``kerastower launch``). The towers are the logical
 CPUs that ``kerastower launch --towers`` asks for.
 
 ``python natural.py OUT FAMILY [K]`` trains the model `FAMILY` ("dense",
-"from_model", "subclassed", "embedding", "masked" or "spectral") on this worker's
+"from_model", "subclassed", "embedding", "masked", "spectral" or
+"contrastive") on this worker's
 examples, accumulating `K` micro-batches per update when given, and writes
 the initial weights (chief), the final weights and the history to ``OUT``.
 """
@@ -94,6 +95,25 @@ def spectral_graph(seed: int):
     return inputs, keras.layers.Dense(1)(hidden)
 
 
+def contrastive_graph(seed: int):
+    """An encoder trained with `keras.losses.Circle`, which compares every
+    pair of examples of the global batch (``global_batch_loss``)."""
+    keras.utils.set_random_seed(seed)
+    inputs = keras.Input((FEATURES,))
+    hidden = keras.layers.Dense(8, activation="tanh")(inputs)
+    return inputs, keras.layers.Dense(4)(hidden)
+
+
+def compile_arguments(family: str) -> dict:
+    """What both the workers and the one-device model compile with."""
+    if family == "contrastive":
+        return dict(
+            optimizer=keras.optimizers.Adam(0.01),
+            loss=keras.losses.Circle(gamma=4.0),
+        )
+    return dict(optimizer=keras.optimizers.Adam(0.01), loss="mse", metrics=["mae"])
+
+
 def family_data(family: str, index: int):
     """Worker ``index``'s examples for `family`.
 
@@ -104,6 +124,8 @@ def family_data(family: str, index: int):
     x, y = worker_data(index)
     if family == "embedding":
         return tokens(x), y
+    if family == "contrastive":
+        return x, (x[:, 0] > 0).astype("int32") + (x[:, 1] > 0).astype("int32")
     if family == "masked":
         ids = tokens(x) + 1
         ids[:, : 2 * index] = 0
@@ -119,6 +141,8 @@ def build(family: str, seed: int):
         return kerastower.TowerModel(*masked_graph(seed))
     if family == "spectral":
         return kerastower.TowerModel(*spectral_graph(seed))
+    if family == "contrastive":
+        return kerastower.TowerModel(*contrastive_graph(seed), global_batch_loss=True)
     if family == "subclassed":
         model = Subclassed(seed)
         model(np.zeros((1, FEATURES), "float32"))
@@ -138,7 +162,7 @@ def main(out: str, family: str, accumulate: int = 1) -> None:
     model = build(family, seed=index)
     if index == 0:
         np.savez(os.path.join(out, "initial.npz"), *model.get_weights())
-    model.compile(optimizer=keras.optimizers.Adam(0.01), loss="mse", metrics=["mae"])
+    model.compile(**compile_arguments(family))
     callbacks = []
     if accumulate > 1:
         callbacks.append(kerastower.callbacks.GradientAccumulation(accumulate))

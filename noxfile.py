@@ -45,8 +45,11 @@ ROOT = Path(__file__).parent
 RESULTS = ROOT / "bench" / "results" / "matrix.json"
 DOCS = ROOT / "docs" / "installation.md"
 
-KERAS = ["3.14.0", "3.15.1"]
+KERAS = ["3.10.0", "3.11.3", "3.12.4", "3.13.2", "3.14.0", "3.15.1"]
 TENSORFLOW = ["2.16.2", "2.17.1", "2.18.1", "2.19.1", "2.20.0", "2.21.0"]
+# The oldest Keras a TensorFlow release requires, where it is in our range:
+# pip cannot install the pairs below it.
+TENSORFLOW_NEEDS_KERAS = {"2.20.0": "3.10.0", "2.21.0": "3.12.0"}
 SUITES = [
     "tests/test_equivalence.py",
     "tests/test_real_world_exactness.py",
@@ -204,6 +207,11 @@ def _key(version: str) -> tuple[int, ...]:
     return tuple(int(part) for part in version.split("."))
 
 
+def installable(keras: str, tensorflow: str) -> bool:
+    """Whether pip can install the pair (TensorFlow's own Keras requirement)."""
+    return _key(keras) >= _key(TENSORFLOW_NEEDS_KERAS.get(tensorflow, "0"))
+
+
 @nox.session
 @nox.parametrize("tensorflow", TENSORFLOW)
 def matrix(session: nox.Session, tensorflow: str) -> None:
@@ -214,6 +222,9 @@ def matrix(session: nox.Session, tensorflow: str) -> None:
         session.error(f"Keras {unknown} is not in the supported range {KERAS}")
     failed = []
     for keras in kerases:
+        if not installable(keras, tensorflow):
+            session.log(f"Keras {keras}: TensorFlow {tensorflow} requires newer")
+            continue
         start = time.time()
         _install(session, tensorflow, keras)
         session.log(f"Keras {keras}: installed in {time.time() - start:.0f} s")
@@ -299,7 +310,9 @@ def table() -> str:
         marks = []
         for keras in KERAS:
             row = cells.get((keras, tensorflow))
-            if row is None:
+            if not installable(keras, tensorflow):
+                marks.append("not installable")
+            elif row is None:
                 marks.append("not run")
             else:
                 passed = row["tests"] - row["failures"] - row["errors"]

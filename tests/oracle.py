@@ -14,6 +14,9 @@ import tensorflow as tf
 import kerastower
 from kerastower.callbacks import GradientAccumulation
 
+# The installed Keras as ``(major, minor)``, for what differs between releases.
+KERAS_MINOR = tuple(int(part) for part in keras.__version__.split(".")[:2])
+
 
 def twin(build, towers, **tower_kwargs):
     """Builds a plain model and a TowerModel with identical initial weights."""

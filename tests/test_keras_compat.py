@@ -4,6 +4,8 @@ Each test removes or changes one hook in a monkeypatched Keras and expects
 `KerasCompatibilityError` naming it, never a model trained another way.
 """
 
+import warnings
+
 import keras
 import pytest
 from oracle import mlp, regression_data
@@ -64,6 +66,36 @@ def test_the_fence_states_the_range_pyproject_declares():
     assert f"keras{errors.SUPPORTED_KERAS}" in project["dependencies"]
     cpu = project["optional-dependencies"]["cpu"]
     assert cpu == [f"tensorflow-cpu{errors.SUPPORTED_TENSORFLOW}"]
+
+
+@pytest.mark.parametrize(
+    "keras_version, tensorflow_version, message",
+    [
+        ("2.15.0", "2.15.1", r"runs on Keras 3 .* Received: keras==2.15.0"),
+        ("3.9.2", "2.18.1", r"pip install 'keras>=3.10,<3.16'.*keras==3.9.2"),
+        ("3.15.1", "2.16.1", r"TensorFlow >=2.16.2,<2.22.*tensorflow==2.16.1"),
+    ],
+)
+def test_an_unsupported_install_is_an_error_at_import(
+    keras_version, tensorflow_version, message
+):
+    from kerastower._keras_compat import errors
+
+    with pytest.raises(errors.KerasCompatibilityError, match=message):
+        errors.check_installed(keras_version, tensorflow_version)
+
+
+def test_a_newer_keras_or_tensorflow_than_tested_warns():
+    from kerastower._keras_compat import errors
+
+    with pytest.warns(UserWarning, match=r"Keras 3.16.0.dev1 is newer"):
+        errors.check_installed("3.16.0.dev1", "2.21.0")
+    with pytest.warns(UserWarning, match=r"TensorFlow 2.22.0 is newer"):
+        errors.check_installed("3.15.1", "2.22.0")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for keras_version in ("3.10.0", "3.13.2", "3.15.1"):
+            errors.check_installed(keras_version, "2.16.2")
 
 
 def test_a_removed_tensorflow_hook_is_an_error_naming_it(monkeypatch):

@@ -105,7 +105,9 @@ class Disk:
 
         def h5_file(store, path_or_io, mode=None):
             if (mode or store.mode) != "w" or store.archive:
-                return real_h5_file(store, path_or_io, mode)
+                # Keras 3.10 to 3.13 take no `mode`.
+                extra = () if mode is None else (mode,)
+                return real_h5_file(store, path_or_io, *extra)
             open(path_or_io, "wb").close()
             store.io_file, store.full_disk_path = io.BytesIO(), path_or_io
             return h5py.File(store.io_file, mode="w")

@@ -17,6 +17,7 @@ replicas), `metrics` (a `Mean` of a batch scalar updated in a tower) and
 
 from kerastower._keras_compat.callbacks import (
     CheckpointHooks,
+    check_execution_steps,
     is_remote_path,
     learning_rate_slot,
     print_msg,
@@ -39,6 +40,7 @@ from kerastower._keras_compat.errors import (
 )
 from kerastower._keras_compat.layers import (
     RecordingScope,
+    activity_penalties_summed,
     freeze_spectral_update,
     restore_spectral_update,
     spectral_update,
@@ -78,6 +80,8 @@ from kerastower._keras_compat.trainer import (
 )
 
 __all__ = [
+    "check_execution_steps",
+    "activity_penalties_summed",
     "call_time_value",
     "SUPPORTED_KERAS",
     "SUPPORTED_TENSORFLOW",

@@ -91,3 +91,30 @@ def learning_rate_slot(optimizer):
     Keras has no public way to tell a schedule from a variable rate.
     """
     return _attribute(optimizer, "_learning_rate", "Optimizer")
+
+
+# Keras 3.11 passes callbacks the first step of an execution at its start
+# and its last step at its end; Keras 3.10 passes the first step to both.
+_KERAS_MINOR = tuple(int(part) for part in keras.__version__.split(".")[:2])
+_REPORTS_LAST_STEP = _KERAS_MINOR >= (3, 11)
+
+
+def check_execution_steps(model, callback: str) -> None:
+    """Raises if `callback` cannot count the steps of an execution.
+
+    Args:
+        model: The model being trained.
+        callback: The callback's class name, for the message.
+
+    Raises:
+        ValueError: On Keras 3.10, where a callback is told only the first
+            step of each execution, with ``steps_per_execution > 1``.
+    """
+    steps = getattr(model, "steps_per_execution", 1)
+    if not _REPORTS_LAST_STEP and steps > 1:
+        raise ValueError(
+            f"`{callback}` counts the steps of each execution, which Keras "
+            f"{keras.__version__} does not tell callbacks (Keras 3.11 and newer "
+            "do): upgrade Keras, or compile with `steps_per_execution=1`. "
+            f"Received: steps_per_execution={steps}"
+        )

@@ -37,12 +37,21 @@ def _attribute(obj, name: str, owner: str):
 
 def _internals():
     try:
-        from tensorflow.compiler.xla.tsl.protobuf import coordination_config_pb2
         from tensorflow.core.protobuf import rewriter_config_pb2, tensorflow_server_pb2
-        from tensorflow.python.distribute import multi_worker_util
+        from tensorflow.python.distribute import (
+            collective_all_reduce_strategy,
+            multi_worker_util,
+        )
         from tensorflow.python.eager import context
     except ImportError as error:  # pragma: no cover - depends on TensorFlow
         raise _fail("tensorflow.python.eager.context", "cannot be imported") from error
+    # The strategy's own module: TensorFlow moved it (`tensorflow.tsl` in 2.16,
+    # `tensorflow.compiler.xla.tsl` later).
+    coordination_config_pb2 = _attribute(
+        collective_all_reduce_strategy,
+        "coordination_config_pb2",
+        "tensorflow.python.distribute.collective_all_reduce_strategy",
+    )
     return (
         context,
         multi_worker_util,

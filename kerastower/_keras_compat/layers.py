@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import inspect
+from collections.abc import Iterator
 
 import keras
 
@@ -83,3 +85,57 @@ class RecordingScope(keras.StatelessScope):
     def add_update(self, update):
         self.updated.append(update[0])
         super().add_update(update)
+
+
+def _keras_minor() -> tuple[int, int]:
+    major, minor = keras.__version__.split(".")[:2]
+    return int(major), int(minor)
+
+
+# Keras 3.14 divides an activity regularizer's penalty by the batch size (a
+# batch mean); Keras 3.10 to 3.13 add it summed over the batch.
+ACTIVITY_PENALTY_IS_MEAN = _keras_minor() >= (3, 14)
+
+
+class _SummedPenalty:
+    """An activity regularizer whose penalty counts as a sum over the batch.
+
+    `TowerModel` weighs every added loss of tower ``i`` as a batch mean, by
+    ``n_i / B``; a penalty summed over the shard's ``n_i`` examples is scaled
+    by ``B / n_i`` so that the tower adds the shard's sum, and the towers
+    add up to one device's sum over the batch.
+    """
+
+    def __init__(self, regularizer, global_batch):
+        self.regularizer = regularizer
+        self.global_batch = global_batch
+
+    def __call__(self, output):
+        penalty = self.regularizer(output)
+        examples = keras.ops.cast(keras.ops.shape(output)[0], penalty.dtype)
+        batch = keras.ops.cast(self.global_batch, penalty.dtype)
+        return penalty * keras.ops.divide_no_nan(batch, examples)
+
+
+@contextlib.contextmanager
+def activity_penalties_summed(layers, global_batch) -> Iterator[None]:
+    """Makes the towers add one device's activity penalty on Keras < 3.14.
+
+    On Keras 3.14 and later the penalty is a batch mean and nothing changes.
+
+    Args:
+        layers: Every layer of the model.
+        global_batch: ``B``, the step's examples on all towers and workers.
+    """
+    changed = []
+    if not ACTIVITY_PENALTY_IS_MEAN:
+        for layer in layers:
+            regularizer = getattr(layer, "activity_regularizer", None)
+            if regularizer is not None:
+                layer.activity_regularizer = _SummedPenalty(regularizer, global_batch)
+                changed.append((layer, regularizer))
+    try:
+        yield
+    finally:
+        for layer, regularizer in changed:
+            layer.activity_regularizer = regularizer

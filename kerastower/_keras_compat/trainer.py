@@ -225,8 +225,13 @@ def warn_once(caught, shown: frozenset = frozenset()) -> frozenset:
 
 
 def _first_batch(iterator):
-    """The first batch of a Keras epoch iterator, as Keras's build takes it."""
-    for _, _, data_or_iterator in iterator:
+    """The first batch of a Keras epoch iterator, as Keras's build takes it.
+
+    Keras 3.11 and later yield ``(begin_step, end_step, data)``, Keras 3.10
+    ``(step, iterator)``: the data is the last item either way.
+    """
+    for item in iterator:
+        data_or_iterator = item[-1]
         if isinstance(data_or_iterator, (list, tuple)):
             return data_or_iterator[0]
         return next(data_or_iterator)
@@ -271,10 +276,15 @@ class TrainerHooks:
                 self._symbolic_build(data_batch=data_batch)
             except StopIteration:
                 pass  # no data: Keras warns that the input ran out, as one device
-            except RuntimeError:
+            except RuntimeError as error:
                 # "Unable to automatically build": a model with its own
                 # `train_step` and no `call` (a GAN, a VAE) builds in its step.
                 if type(self).train_step is self._tower_train_step:
+                    # Bad inputs: Keras 3.11 and newer raise the ValueError
+                    # itself, as one device does; 3.10 wraps it.
+                    cause = error.__context__
+                    if isinstance(cause, ValueError):
+                        raise cause from None
                     raise
         self._shown_warnings = warn_once(caught)
 

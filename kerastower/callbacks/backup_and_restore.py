@@ -248,6 +248,7 @@ class BackupAndRestore(keras.callbacks.Callback):
     # -- restoring ----------------------------------------------------------
 
     def on_train_begin(self, logs=None):
+        _keras_compat.check_execution_steps(self.model, "BackupAndRestore")
         self.preempted = False
         self._unchecked_steps = 0
         self._signalled.clear()

@@ -230,6 +230,7 @@ class BatchScaling(keras.callbacks.Callback):
         )
 
     def on_train_begin(self, logs=None):
+        _keras_compat.check_execution_steps(self.model, "BatchScaling")
         self._towers, self._workers = scaling.towers_and_workers(self.model)
         self.global_batch_size = scaling.global_batch_size(
             self.per_tower_batch_size, self.model

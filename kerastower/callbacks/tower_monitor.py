@@ -12,7 +12,7 @@ import numpy as np
 import tensorflow as tf
 from keras import ops
 
-from kerastower import cluster
+from kerastower import _keras_compat, cluster
 from kerastower.step.shards import split_sizes
 
 
@@ -220,6 +220,7 @@ class TowerMonitor(keras.callbacks.Callback):
         return os.path.join(self.log_dir, f"worker_{cluster.worker_index()}")
 
     def on_train_begin(self, logs=None):
+        _keras_compat.check_execution_steps(self.model, "TowerMonitor")
         self._towers = int(getattr(self.model, "num_towers", 1))
         self._workers = int(getattr(self.model, "num_workers", 1))
         self._devices = list(getattr(self.model, "tower_devices", []))

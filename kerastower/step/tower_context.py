@@ -65,10 +65,14 @@ def tower_context(
                 _keras_compat.override_batch_norm_moments(layer, moments)
                 patched.append(layer)
     records: dict = {}
+    layers = _keras_compat.inner_layers(model)
     try:
-        with _keras_compat.compiled_losses_replaced(
-            model, lambda loss: TowerLoss(loss, records), _IgnoredMetric
-        ) as (loss_weights, has_metrics):
+        with (
+            _keras_compat.activity_penalties_summed(layers, global_batch),
+            _keras_compat.compiled_losses_replaced(
+                model, lambda loss: TowerLoss(loss, records), _IgnoredMetric
+            ) as (loss_weights, has_metrics),
+        ):
             yield TowerLosses(
                 records,
                 loss_weights,

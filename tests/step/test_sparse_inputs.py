@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import scipy.sparse
 import tensorflow as tf
-from oracle import fit_and_compare
+from oracle import KERAS_MINOR, fit_and_compare
 
 
 def sparse_model():
@@ -30,10 +30,19 @@ def sparse_rows(n=23):
     return dense, y
 
 
+# Keras 3.10 to 3.13's own `fit` fails on a sparse array whose last batch is
+# shorter ("indices[2] = 22 is not in [0, 22)" in its data adapter), one
+# device too.
+KERAS_SLICES_SPARSE_ARRAYS = KERAS_MINOR >= (3, 14)
+
+
 def compile_kwargs():
     return dict(optimizer=keras.optimizers.Adam(0.02), loss="mse", metrics=["mae"])
 
 
+@pytest.mark.skipif(
+    not KERAS_SLICES_SPARSE_ARRAYS, reason="Keras < 3.14 cannot fit sparse arrays"
+)
 @pytest.mark.parametrize("replicate", [False, True], ids=["shared", "replicas"])
 @pytest.mark.parametrize("kind", ["tf", "scipy"])
 def test_sparse_inputs_train_as_one_device(kind, replicate):

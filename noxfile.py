@@ -62,7 +62,7 @@ SUITES = [
 # tests/conftest.py: equivalence, Keras compatibility and the property
 # tests), so that no other module's skip (a missing docs tool) counts.
 _CORE = re.search(
-    r"^CORE = (\(.*?\))$", (ROOT / "tests" / "conftest.py").read_text(), re.M
+    r"^CORE = (\(.*?\))$", (ROOT / "tests" / "conftest.py").read_text(), re.M | re.S
 )
 CI_SUITES = ["-m", "core", *ast.literal_eval(_CORE.group(1))]
 TEST_REQUIREMENTS = ["pytest>=8", "hypothesis>=6.100", "scikit-learn>=1.3"]

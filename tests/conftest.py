@@ -25,8 +25,16 @@ def float64():
 
 
 # The core of the promise, towers against one device, in a few minutes:
-# `python -m pytest -m core` (README), and what `nox -s oldest` runs.
-CORE = ("tests/test_equivalence.py", "tests/test_keras_compat.py", "tests/properties/")
+# `python -m pytest -m core` (README), and what `nox -s oldest` runs. One
+# multi-worker case: TensorFlow's collective start-up changed between
+# releases (2.16's failed to start, unseen, while CI ran workers on 2.21).
+CORE = (
+    "tests/test_equivalence.py",
+    "tests/test_keras_compat.py",
+    "tests/properties/",
+    "tests/test_multi_worker_scripts.py::"
+    "test_natural_script_trains_the_one_device_model[2-2,3-masked]",
+)
 
 
 def pytest_collection_modifyitems(config, items):

@@ -220,3 +220,26 @@ def test_run_times_match_the_results():
             f"python -m bench{module}: the page says about {minutes} minutes, "
             f"the results took {measured:.1f}"
         )
+
+
+def test_the_one_machine_guide_quotes_traffic_json():
+    guide = " ".join((ROOT / "docs" / "guides" / "one-machine.md").read_text().split())
+    rows = {(row["setup"], row["towers"]): row for row in _load("traffic.json")["rows"]}
+    most = max(n for _, n in rows)
+    tower, replicas = rows["tower", most], rows["tower_replicas", most]
+    ratios = [f"{rows['tower', n]['ratio_to_ring_bound']:.2f}" for n in (2, 4, most)]
+    phrases = [
+        f"a model with {tower['gradient_bytes'] / 1e6:.1f} MB of gradients",
+        f"moves {ratios[0]} times what a ring all-reduce needs on 2 towers, "
+        f"{ratios[1]} times on 4 and {ratios[2]} times on {most}",
+        f"({tower['max_sent'] / 1e6:.1f} MB sent per step where a ring sends "
+        f"{tower['ring_bound'] / 1e6:.1f} MB; about {tower['pcie_ms']:.1f} ms a step "
+        f"over PCIe against {replicas['pcie_ms']:.1f} ms",
+        "moves "
+        + figures.span(
+            rows["tower_replicas", n]["ratio_to_ring_bound"] for n in (2, 4, most)
+        )
+        + " times the ring bound at 2, 4 and 8 towers",
+    ]
+    for phrase in phrases:
+        assert phrase in guide, f"docs/guides/one-machine.md should say: {phrase!r}"

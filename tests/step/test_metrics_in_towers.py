@@ -66,13 +66,16 @@ def train_and_evaluate(cls, run_eagerly, **kwargs):
     return history, logs
 
 
+@pytest.mark.parametrize("replicate", [False, True], ids=["shared", "replicas"])
 @pytest.mark.parametrize("run_eagerly", [False, True])
-def test_metrics_updated_in_compute_loss_are_one_devices(run_eagerly):
+def test_metrics_updated_in_compute_loss_are_one_devices(run_eagerly, replicate):
     # Masked tokens, sample weights and towers of 2 and 1 examples (the last
     # batch of 3): before, the `Mean` of the loss was the towers' unweighted
     # mean (0.36% off on an unmasked model).
     plain = train_and_evaluate(PlainTracks, run_eagerly)
-    towered = train_and_evaluate(TowerTracks, run_eagerly, towers=3)
+    towered = train_and_evaluate(
+        TowerTracks, run_eagerly, towers=3, replicate_variables=replicate
+    )
     assert_same_history(towered[0], plain[0])
     assert sorted(towered[1]) == sorted(plain[1])
     for key in plain[1]:

@@ -10,12 +10,11 @@ instance key within a group. kerastower issues two kinds, both keyed here:
   member per worker. Every worker must issue the same keys in the same order,
   and a step's two branches (all towers, or a small batch whole on one) must
   issue the same keys too, so each step has a `StepBlock` of keys and numbers
-  its sums from the block's start. The block is reserved anew at every call
-  of the traced step, as `MultiWorkerMirroredStrategy` takes a new key for
-  each collective: TensorFlow remembers the shape an instance key first
-  summed, and a sum whose shape changes between steps (the predictions
-  gathered for ``global_batch_loss``, in a shorter last batch) must not
-  reuse a key;
+  its sums from the block's start. TensorFlow remembers the shape an
+  instance key first summed: a step whose sums change shape between calls
+  (the predictions gathered for ``global_batch_loss``, in a shorter last
+  batch) reserves its block anew at every call, as
+  `MultiWorkerMirroredStrategy` takes a new key for each collective;
 - the ring all-reduces of the replicas (`kerastower.reduce.replicas`): one
   group per set of tower devices (`group_key`), one key per all-reduce.
 
@@ -88,14 +87,22 @@ class StepBlock:
     """The instance keys of one step's sums over the workers.
 
     Make it where the step is traced, outside its branches; `key` gives the
-    key of the ``k``-th sum. In a traced step the block's first key is taken
-    at every call of the step (`_keras_compat.call_time_value`), as many keys
-    as the trace used, so that no key sums tensors of two shapes.
+    key of the ``k``-th sum. A traced step's keys serve every call of the
+    step, which suits sums of fixed shapes; with `per_call`, the block's
+    first key is taken at every call instead
+    (`_keras_compat.call_time_value`), as many keys as the trace used, so
+    that no key sums tensors of two shapes. Instance keys are int32: a step
+    of ``k`` sums runs about ``2**31 / k`` times per process with
+    `per_call`.
+
+    Args:
+        per_call: Whether the step's sums change shape between calls (the
+            batch gathered for ``global_batch_loss``).
     """
 
-    def __init__(self):
+    def __init__(self, per_call: bool = False):
         self.size = 0
-        if tf.executing_eagerly():
+        if tf.executing_eagerly() or not per_call:
             self._first = tf.constant(reserve(STEP_BLOCK), tf.int32)
         else:
             self._first = _keras_compat.call_time_value(self._reserve)

@@ -324,7 +324,11 @@ class TowerStep:
         if num_workers > 1:
             offset, total = workers.batches_over_workers(model, batch)
         # Both branches number their cross-worker sums from one block of keys.
-        block = keys.StepBlock() if num_workers > 1 else None
+        block = (
+            keys.StepBlock(per_call=model.global_batch_loss)
+            if num_workers > 1
+            else None
+        )
 
         def weighted_fn(shard, weight, losses):
             # A `Mean` of a batch scalar (a loss tracked in `compute_loss`)

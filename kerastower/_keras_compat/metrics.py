@@ -28,7 +28,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import keras
 import tensorflow as tf
@@ -63,16 +63,17 @@ def _deferred_update_state(self, values, sample_weight=None):
     return _original(self, values, sample_weight=sample_weight)
 
 
-def weigh_scalar_means(factor: tf.Tensor) -> None:
+def weigh_scalar_means(factor: Callable[[], tf.Tensor]) -> None:
     """Makes this tower's waiting scalar `Mean` updates, weighted by `factor`.
 
     Args:
-        factor: ``f_i``, what the tower's loss was multiplied by.
+        factor: Returns ``f_i``, what the tower's loss was multiplied by;
+            called only when an update waits.
     """
     pending = getattr(_local, "pending", None)
     if not pending:
         return
-    factor = tf.stop_gradient(factor)
+    factor = tf.stop_gradient(factor())
     _local.pending = None  # the updates below are made, not deferred
     try:
         for metric, values, sample_weight in pending:
@@ -111,7 +112,7 @@ def scalar_means_weighted(share: tf.Tensor) -> Iterator[None]:
     _local.pending = []
     try:
         yield
-        weigh_scalar_means(share)
+        weigh_scalar_means(lambda: share)
     finally:
         _local.pending = previous
         with _lock:

@@ -123,13 +123,14 @@ class StepLoss:
         whole = context in self._towers
         self._towers.discard(context)
         weighted, per_output = weigh_loss(loss, weight, losses, whole_batch=whole)
+
+        def factor():
+            # What the loss was multiplied by; the share for a loss of 0.
+            finite = tf.math.is_finite(loss) & tf.not_equal(loss, 0)
+            share = tf.cast(weight, weighted.dtype)
+            return tf.where(finite, tf.math.divide_no_nan(weighted, loss), share)
+
         # A `Mean` of the loss updated in `compute_loss` weighs as the loss.
-        finite = tf.math.is_finite(loss) & tf.not_equal(loss, 0)
-        factor = tf.where(
-            finite,
-            tf.math.divide_no_nan(weighted, loss),
-            tf.cast(weight, weighted.dtype),
-        )
         _keras_compat.weigh_scalar_means(factor)
         return weighted, per_output
 

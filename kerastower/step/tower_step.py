@@ -332,7 +332,8 @@ class TowerStep:
 
         def weighted_fn(shard, weight, losses):
             # A `Mean` of a batch scalar (a loss tracked in `compute_loss`)
-            # counts each tower by its share, as one device counts the batch.
+            # counts each tower with its loss's weight, so that the towers
+            # count the batch once, as one device does.
             with _keras_compat.scalar_means_weighted(weight):
                 return tower_fn(shard, weight, losses)
 

@@ -7,7 +7,7 @@ import inspect
 import keras
 import tensorflow as tf
 
-from kerastower._keras_compat.errors import _attribute, _fail
+from kerastower._keras_compat.errors import KERAS_MINOR, _attribute, _fail
 
 
 def _import_utils():
@@ -95,8 +95,7 @@ def learning_rate_slot(optimizer):
 
 # Keras 3.11 passes callbacks the first step of an execution at its start
 # and its last step at its end; Keras 3.10 passes the first step to both.
-_KERAS_MINOR = tuple(int(part) for part in keras.__version__.split(".")[:2])
-_REPORTS_LAST_STEP = _KERAS_MINOR >= (3, 11)
+_REPORTS_LAST_STEP = KERAS_MINOR >= (3, 11)
 
 
 def check_execution_steps(model, callback: str) -> None:

@@ -101,6 +101,10 @@ def check_installed(keras_version: str, tensorflow_version: str) -> None:
         )
 
 
+# The installed Keras as ``(major, minor)``, for what differs between releases.
+KERAS_MINOR = _release(keras.__version__)[:2]
+
+
 def _check_this_process() -> None:
     import tensorflow as tf
 

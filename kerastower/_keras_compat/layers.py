@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import keras
 
-from kerastower._keras_compat.errors import _fail
+from kerastower._keras_compat.errors import KERAS_MINOR, _fail
 
 
 def _check_spectral_normalization(layer) -> None:
@@ -87,14 +87,9 @@ class RecordingScope(keras.StatelessScope):
         super().add_update(update)
 
 
-def _keras_minor() -> tuple[int, int]:
-    major, minor = keras.__version__.split(".")[:2]
-    return int(major), int(minor)
-
-
 # Keras 3.14 divides an activity regularizer's penalty by the batch size (a
 # batch mean); Keras 3.10 to 3.13 add it summed over the batch.
-ACTIVITY_PENALTY_IS_MEAN = _keras_minor() >= (3, 14)
+ACTIVITY_PENALTY_IS_MEAN = KERAS_MINOR >= (3, 14)
 
 
 class _SummedPenalty:

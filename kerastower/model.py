@@ -11,6 +11,7 @@ import tensorflow as tf
 from kerastower import _keras_compat, cluster, heartbeats, multi_worker
 from kerastower import devices as devices_lib
 from kerastower._keras_compat import Functional, functional_init_arguments
+from kerastower.reduce import replica_setting
 from kerastower.reduce.accumulation import GradientAccumulator
 from kerastower.reduce.replicas import Replicas, sync_callbacks
 from kerastower.reduce.workers import BroadcastFromChief
@@ -98,9 +99,12 @@ class TowerModel(_keras_compat.TrainerHooks, keras.Model):
             gradient by a clone of the optimizer (see
             `kerastower.reduce.replicas`): no device moves much more than
             ``2 (N-1)/N`` times the gradient bytes per step, instead of about
-            ``N`` times that on the first tower. One worker, no XLA; a
-            `train_step` of your own trains without replicas (with a
-            warning). Defaults to ``False``.
+            ``N`` times that on the first tower. ``"auto"`` replicates when
+            every tower is a GPU, on one worker, without XLA (see
+            `kerastower.reduce.replica_setting`; on logical CPUs,
+            ``$KERASTOWER_REPLICATE_VARIABLES=1`` forces it). ``True``: one
+            worker, no XLA; a `train_step` of your own trains without
+            replicas (with a warning). Defaults to ``"auto"``.
         global_batch_loss: Whether the loss is computed on the whole global
             batch from every tower's gathered predictions, instead of on
             each shard: for losses that compare the examples of a batch
@@ -113,8 +117,9 @@ class TowerModel(_keras_compat.TrainerHooks, keras.Model):
         ValueError: If `towers` is not ``None``, an integer of at least 1 or a
             list of existing device names, or asks for more devices than are
             visible; if `strategy` is not ``None`` or a
-            `tf.distribute.Strategy`; or if `replicate_variables` is set
-            with several workers.
+            `tf.distribute.Strategy`; if `replicate_variables` is not
+            ``True``, ``False`` or ``"auto"``, or ``True`` with several
+            workers.
     """
 
     def __new__(cls, *args: Any, **kwargs: Any):
@@ -128,7 +133,7 @@ class TowerModel(_keras_compat.TrainerHooks, keras.Model):
         towers: int | Sequence[str] | None = None,
         sync_batch_norm: bool = True,
         strategy: tf.distribute.Strategy | None = None,
-        replicate_variables: bool = False,
+        replicate_variables: bool | str = "auto",
         global_batch_loss: bool = False,
         **kwargs: Any,
     ):
@@ -140,7 +145,7 @@ class TowerModel(_keras_compat.TrainerHooks, keras.Model):
         if strategy is None and cluster.is_multi_worker():
             strategy = multi_worker.worker_strategy()
         self._worker_strategy = strategy
-        self.replicate_variables = bool(replicate_variables)
+        self.replicate_variables = replica_setting.check_setting(replicate_variables)
         self.global_batch_loss = bool(global_batch_loss)
         checks.check_one_worker_options(self)
         if functional_init_arguments(args, kwargs) and not isinstance(self, Functional):
@@ -154,7 +159,9 @@ class TowerModel(_keras_compat.TrainerHooks, keras.Model):
             super().__init__(*args, **kwargs)
         self._tower_strategy = None
         replicas = None
-        if self.replicate_variables and self.num_towers > 1:
+        if replica_setting.replicates(
+            self.replicate_variables, self._tower_devices, self.num_workers
+        ):
             replicas = Replicas(self._tower_devices)
         self._tower_step = TowerStep(self, replicas)
         custom_step.warn_if_not_split(type(self), TowerModel.train_step)
@@ -320,10 +327,12 @@ class TowerModel(_keras_compat.TrainerHooks, keras.Model):
         # BackupAndRestore or a resuming checkpoint callback restored: the
         # chief's broadcast first, then the replicas' copy of it.
         ours = [BroadcastFromChief()] if self.num_workers > 1 else []
-        replicas = self._tower_step.replicas
+        replicas = self._tower_step.usable_replicas()
         if replicas is not None:
             ours += sync_callbacks(
-                replicas, type(self).train_step is TowerModel.train_step
+                replicas,
+                type(self).train_step is TowerModel.train_step,
+                warn=self.replicate_variables is True,
             )
         # The launcher's heartbeat goes first, before the user's may hang.
         first = list(filter(None, [heartbeats.heartbeat_callback()]))

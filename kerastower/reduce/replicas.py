@@ -366,38 +366,45 @@ class SyncReplicas(keras.callbacks.Callback):
 
     Args:
         replicas: The model's `Replicas`.
+        make: Whether to make the replicas if there are none yet; otherwise
+            only replicas that a step made are synced.
     """
 
-    def __init__(self, replicas: Replicas):
+    def __init__(self, replicas: Replicas, make: bool = True):
         super().__init__()
         self.replicas = replicas
+        self.make = make
 
     def on_train_begin(self, logs=None):
-        if self.model.trainable_weights and self.model.optimizer is not None:
+        if self.make and self.model.trainable_weights and self.model.optimizer:
             self.replicas.ensure(self.model.trainable_weights, self.model.optimizer)
         self.replicas.sync()
 
 
-def sync_callbacks(replicas: Replicas, builtin_step: bool) -> list:
+def sync_callbacks(replicas: Replicas, builtin_step: bool, warn: bool = True) -> list:
     """The callbacks `TowerModel.fit` adds for `replicas`.
 
     Args:
         replicas: The model's `Replicas`.
         builtin_step: Whether the model trains with `TowerModel`'s own
-            ``train_step``. A ``train_step`` of the user's applies its
-            gradients itself, to the model's variables only: the towers then
-            read those (exactly, as without replicas), and a warning says so.
+            ``train_step``. A ``train_step`` of the user's that applies its
+            gradients itself does so to the model's variables only: the
+            towers then read those (exactly, as without replicas). Replicas
+            that its call of ``super().train_step`` made are still synced.
+        warn: Whether to warn that a step of the user's trains without
+            replicas (``replicate_variables=True``; not for ``"auto"``).
 
     Returns:
-        ``[SyncReplicas(replicas)]``, or ``[]`` for a step of the user's.
+        ``[SyncReplicas(replicas)]``, which makes the replicas only for the
+        built-in step.
     """
-    if builtin_step:
-        return [SyncReplicas(replicas)]
-    warnings.warn(
-        "`replicate_variables=True` has no effect on a model with its own "
-        "`train_step`: the step applies its gradients to the model's variables "
-        "only, so every tower reads those, as without replicas (the training is "
-        "exact, with the traffic of `replicate_variables=False`).",
-        stacklevel=3,
-    )
-    return []
+    if not builtin_step and warn:
+        warnings.warn(
+            "`replicate_variables=True` has no effect on a model with its own "
+            "`train_step`: the step applies its gradients to the model's "
+            "variables only, so every tower reads those, as without replicas "
+            "(the training is exact, with the traffic of "
+            "`replicate_variables=False`).",
+            stacklevel=3,
+        )
+    return [SyncReplicas(replicas, make=builtin_step)]

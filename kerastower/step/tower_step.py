@@ -27,7 +27,7 @@ import keras
 import tensorflow as tf
 
 from kerastower import _keras_compat, multi_worker
-from kerastower.reduce import keys, workers
+from kerastower.reduce import keys, replica_setting, workers
 from kerastower.reduce.gradients import (
     has_static_rows,
     sum_gradients,
@@ -75,6 +75,20 @@ class TowerStep:
         self._traced_rows: dict = {}  # eager steps: `traced_static_rows`
         self.loss = StepLoss(model)
 
+    def usable_replicas(self):
+        """The replicas the next training step reads, or ``None``.
+
+        With ``replicate_variables="auto"`` a step compiled with XLA trains
+        without them: the model's variables then move on without the
+        replicas, which are dropped for good.
+        """
+        model = self.model
+        if not replica_setting.keeps_replicas(
+            model.replicate_variables, model.jit_compile
+        ):
+            self.replicas = None
+        return self.replicas
+
     # -- one step ---------------------------------------------------------
 
     def train(self, data) -> dict:
@@ -108,7 +122,7 @@ class TowerStep:
                     else traced
                 )
         else:
-            replicas = self.replicas
+            replicas = self.usable_replicas()
             if replicas is not None:
                 replicas.check(model)
                 replicas.ensure(trainable, model.optimizer)

@@ -14,6 +14,7 @@ from oracle import (
 )
 
 import kerastower
+from kerastower.reduce import replica_setting
 from kerastower.reduce.replicas import Replicas, pack, unpack
 from kerastower.step import layer_updates
 
@@ -217,7 +218,8 @@ def test_learning_rate_changed_by_a_callback_reaches_every_tower(callback):
     assert_replicas_in_sync(towered)
 
 
-def test_default_is_unchanged_and_the_argument_round_trips(tmp_path):
+def test_default_is_unchanged_and_the_argument_round_trips(tmp_path, monkeypatch):
+    monkeypatch.delenv(replica_setting.FORCE_VARIABLE, raising=False)
     x, y = regression_data(n=12)
     assert (
         kerastower.TowerModel.from_model(mlp(), towers=2)._tower_step.replicas is None

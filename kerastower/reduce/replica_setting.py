@@ -1,0 +1,104 @@
+"""Whether a model's towers train on replicas: ``replicate_variables`` resolved.
+
+``TowerModel(replicate_variables=...)`` takes ``True``, ``False`` or
+``"auto"`` (the default). ``"auto"`` replicates where the towers are separate
+accelerators, the case replicas are for: every tower on its own GPU, one
+worker, a step that is not compiled with XLA. There, without replicas, the
+first GPU would move about ``N`` times the bytes of a ring all-reduce per step
+(see `kerastower.reduce.replicas`). On logical CPUs, which share one memory,
+the towers read the model's variables, which costs less.
+
+``$KERASTOWER_REPLICATE_VARIABLES`` decides ``"auto"`` on any device: ``1``
+trains on replicas wherever there are several towers on one worker (so that
+tests take the GPU path on logical CPUs), ``0`` never. An explicit ``True`` or
+``False`` is kept whatever the variable says.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+
+import tensorflow as tf
+
+FORCE_VARIABLE = "KERASTOWER_REPLICATE_VARIABLES"
+SETTINGS = (True, False, "auto")
+
+
+def check_setting(setting: object) -> bool | str:
+    """Returns `setting` if it is a valid ``replicate_variables``.
+
+    Raises:
+        ValueError: If `setting` is not ``True``, ``False`` or ``"auto"``.
+    """
+    if isinstance(setting, bool) or setting == "auto":
+        return setting
+    raise ValueError(
+        "`replicate_variables` must be True, False or 'auto'. "
+        f"Received: replicate_variables={setting!r}"
+    )
+
+
+def forced(environ: Mapping[str, str] | None = None) -> bool | None:
+    """``$KERASTOWER_REPLICATE_VARIABLES`` as a bool; ``None`` when unset.
+
+    Raises:
+        ValueError: If it is set to anything but ``0`` or ``1``.
+    """
+    text = (os.environ if environ is None else environ).get(FORCE_VARIABLE, "")
+    if not text.strip():
+        return None
+    if text.strip() not in ("0", "1"):
+        raise ValueError(
+            f"`${FORCE_VARIABLE}` must be 0 or 1. Received: {FORCE_VARIABLE}={text!r}"
+        )
+    return text.strip() == "1"
+
+
+def on_accelerators(devices: Sequence[str]) -> bool:
+    """Whether every device in `devices` is a GPU (or another accelerator)."""
+    return all(
+        (tf.DeviceSpec.from_string(name).device_type or "CPU").upper() != "CPU"
+        for name in devices
+    )
+
+
+def replicates(
+    setting: bool | str,
+    devices: Sequence[str],
+    num_workers: int = 1,
+    environ: Mapping[str, str] | None = None,
+) -> bool:
+    """Whether towers on `devices` train on replicas of the variables.
+
+    Args:
+        setting: ``replicate_variables``: ``True``, ``False`` or ``"auto"``.
+        devices: The tower devices of this worker.
+        num_workers: The number of workers training together.
+        environ: The environment to read ``$KERASTOWER_REPLICATE_VARIABLES``
+            from; ``None`` for `os.environ`.
+
+    Returns:
+        ``False`` for one tower; `setting` when it is a bool; for ``"auto"``,
+        ``False`` on several workers (replicas support one), else the
+        environment variable's value when set, else whether every tower is an
+        accelerator.
+    """
+    setting = check_setting(setting)
+    if len(devices) < 2:
+        return False
+    if setting != "auto":
+        return bool(setting)
+    if num_workers > 1:
+        return False
+    force = forced(environ)
+    return on_accelerators(devices) if force is None else force
+
+
+def keeps_replicas(setting: bool | str, jit_compile: bool) -> bool:
+    """Whether a step compiled with `jit_compile` still trains on replicas.
+
+    ``"auto"`` lets XLA have the step: it then trains without replicas, as
+    ``False`` does. ``True`` keeps them (`Replicas.check` refuses XLA).
+    """
+    return not (jit_compile and setting == "auto")

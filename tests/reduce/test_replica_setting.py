@@ -1,0 +1,106 @@
+"""``replicate_variables="auto"``: replicas where the towers are GPUs."""
+
+import warnings
+
+import keras
+import pytest
+from oracle import assert_same_history, assert_same_weights, mlp, regression_data, twin
+
+import kerastower
+from kerastower.reduce import replica_setting
+from kerastower.reduce.replica_setting import FORCE_VARIABLE, replicates
+
+CPUS = ["/job:localhost/replica:0/task:0/device:CPU:0", "/device:CPU:1"]
+GPUS = ["/job:localhost/replica:0/task:0/device:GPU:0", "/device:GPU:1"]
+
+
+def test_auto_replicates_on_gpus_on_one_worker_only():
+    empty = {}
+    assert replicates("auto", GPUS, environ=empty) is True
+    assert replicates("auto", CPUS, environ=empty) is False
+    assert replicates("auto", GPUS[:1], environ=empty) is False
+    assert replicates("auto", GPUS, num_workers=2, environ=empty) is False
+    assert replicates("auto", [GPUS[0], CPUS[1]], environ=empty) is False
+    # An explicit setting is kept, whatever the devices or the variable say.
+    assert replicates(True, CPUS, environ={FORCE_VARIABLE: "0"}) is True
+    assert replicates(False, GPUS, environ={FORCE_VARIABLE: "1"}) is False
+    assert replicates(True, CPUS[:1], environ=empty) is False  # one tower
+    # The variable decides "auto" on any device, on one worker.
+    assert replicates("auto", CPUS, environ={FORCE_VARIABLE: "1"}) is True
+    assert replicates("auto", GPUS, environ={FORCE_VARIABLE: "0"}) is False
+    assert replicates("auto", CPUS, 2, environ={FORCE_VARIABLE: "1"}) is False
+    assert replicates("auto", GPUS, environ={FORCE_VARIABLE: " "}) is True
+
+
+def test_bad_settings_are_refused():
+    with pytest.raises(ValueError, match="must be True, False or 'auto'.*=1"):
+        replicates(1, CPUS)
+    with pytest.raises(ValueError, match="must be True, False or 'auto'.*='on'"):
+        kerastower.TowerModel.from_model(mlp(), towers=2, replicate_variables="on")
+    with pytest.raises(ValueError, match=f"must be 0 or 1.*{FORCE_VARIABLE}='yes'"):
+        replicates("auto", CPUS, environ={FORCE_VARIABLE: "yes"})
+
+
+@pytest.mark.parametrize("force", [None, "0", "1"])
+def test_the_default_on_logical_cpus_follows_the_variable(force, monkeypatch):
+    if force is None:
+        monkeypatch.delenv(FORCE_VARIABLE, raising=False)
+    else:
+        monkeypatch.setenv(FORCE_VARIABLE, force)
+    towered = kerastower.TowerModel.from_model(mlp(), towers=2)
+    assert towered.replicate_variables == "auto"
+    assert towered.get_config()["replicate_variables"] == "auto"
+    assert (towered._tower_step.replicas is not None) is (force == "1")
+
+
+def test_auto_lets_xla_have_the_step_and_stays_exact(monkeypatch):
+    monkeypatch.setenv(FORCE_VARIABLE, "1")
+    x, y = regression_data(n=23)
+    plain, towered = twin(mlp, 3)
+    assert towered._tower_step.replicas is not None
+    for model in (plain, towered):
+        model.compile(optimizer="adam", loss="mse", jit_compile=True)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", ".*compiles the whole step")
+        histories = [
+            m.fit(x, y, batch_size=5, epochs=2, verbose=0, shuffle=False).history
+            for m in (plain, towered)
+        ]
+    assert towered._tower_step.replicas is None
+    assert_same_history(*histories)
+    assert_same_weights(plain, towered)
+
+
+def test_auto_trains_a_step_of_ones_own_without_a_warning(monkeypatch):
+    monkeypatch.setenv(FORCE_VARIABLE, "1")
+
+    class OwnStep(kerastower.TowerModel):
+        def train_step(self, data):
+            x, y = data
+
+            def loss_fn(a, b):
+                return keras.ops.mean(keras.ops.square(self(a, training=True) - b))
+
+            variables = self.trainable_variables
+            grads, loss = self.tower_gradients(loss_fn, variables, x, y)
+            self.optimizer.apply_gradients(zip(grads, variables))
+            return {"loss": loss}
+
+    x, y = regression_data(n=23)
+    plain, base = mlp(), mlp()
+    towered = OwnStep(base.inputs, base.outputs, towers=3)
+    towered.set_weights(plain.get_weights())
+    for model in (plain, towered):
+        model.compile(optimizer="adam", loss="mse")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        towered.fit(x, y, batch_size=5, epochs=2, verbose=0, shuffle=False)
+    plain.fit(x, y, batch_size=5, epochs=2, verbose=0, shuffle=False)
+    assert_same_weights(plain, towered)
+    assert not towered._tower_step.replicas.built
+
+
+def test_keeps_replicas():
+    assert replica_setting.keeps_replicas("auto", jit_compile=False)
+    assert not replica_setting.keeps_replicas("auto", jit_compile=True)
+    assert replica_setting.keeps_replicas(True, jit_compile=True)

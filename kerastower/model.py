@@ -8,20 +8,20 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from kerastower import _keras_compat, cluster, heartbeats, multi_worker
+from kerastower import _keras_compat, cluster, multi_worker
 from kerastower import devices as devices_lib
 from kerastower._keras_compat import Functional, functional_init_arguments
+from kerastower.entry_points import EntryPoints
 from kerastower.reduce import replica_setting
 from kerastower.reduce.accumulation import GradientAccumulator
-from kerastower.reduce.replicas import Replicas, sync_callbacks
-from kerastower.reduce.workers import BroadcastFromChief
+from kerastower.reduce.replicas import Replicas
 from kerastower.step import checks, custom_step
 from kerastower.step.tower_step import TowerStep
 from kerastower.strategy import TowerStrategy
 
 
 @keras.saving.register_keras_serializable(package="kerastower")
-class TowerModel(_keras_compat.TrainerHooks, keras.Model):
+class TowerModel(EntryPoints, _keras_compat.TrainerHooks, keras.Model):
     """A `keras.Model` that trains, evaluates and predicts over several towers.
 
     Each step cuts the **global** batch (the `batch_size` given to `fit`,
@@ -321,44 +321,6 @@ class TowerModel(_keras_compat.TrainerHooks, keras.Model):
             with tf.device(self._tower_devices[0]):
                 return super().predict_step(data)
         return self._tower_step.predict(data)
-
-    def fit(self, *args, **kwargs):
-        # After the user's callbacks, so that they see the state that
-        # BackupAndRestore or a resuming checkpoint callback restored: the
-        # chief's broadcast first, then the replicas' copy of it.
-        ours = [BroadcastFromChief()] if self.num_workers > 1 else []
-        replicas = self._tower_step.usable_replicas()
-        if replicas is not None:
-            ours += sync_callbacks(
-                replicas,
-                type(self).train_step is TowerModel.train_step,
-                warn=self.replicate_variables is True,
-            )
-        # The launcher's heartbeat goes first, before the user's may hang.
-        first = list(filter(None, [heartbeats.heartbeat_callback()]))
-        if ours or first:
-            user = list(kwargs.pop("callbacks", None) or [])
-            kwargs["callbacks"] = first + user + ours
-        try:
-            return super().fit(*args, **kwargs)
-        except BaseException:
-            # Keras skips `on_train_end` when `fit` stops with an error: undo
-            # `GradientAccumulation`'s step, or the next `fit` would
-            # accumulate into a window nothing applies.
-            if self.gradient_accumulator is not None:
-                self.gradient_accumulator = None
-            raise
-
-    def set_weights(self, weights) -> None:
-        super().set_weights(weights)
-        if self._tower_step.replicas is not None:
-            self._tower_step.replicas.sync()
-
-    def load_weights(self, *args: Any, **kwargs: Any):
-        result = super().load_weights(*args, **kwargs)
-        if self._tower_step.replicas is not None:
-            self._tower_step.replicas.sync()
-        return result
 
     def get_config(self) -> dict[str, Any]:
         config = super().get_config()

@@ -160,6 +160,22 @@ class Replicas:
         """Whether `ensure` has made the replicas."""
         return self._key is not None
 
+    def matches(self, variables: Sequence[keras.Variable]) -> bool:
+        """Whether the replicas are made, of exactly `variables`."""
+        return self.built and [id(v) for v in variables] == [
+            id(v) for v in self._primaries
+        ]
+
+    def copy_weights(self, variables: Sequence[keras.Variable]) -> None:
+        """Copies the model's weights, not its optimizer's state, to every
+        replica, if the replicas are of `variables` (see `matches`)."""
+        if not self.matches(variables):
+            return
+        with tf.init_scope():
+            for copies in self._copies:
+                for primary, copy in zip(self._primaries, copies):
+                    copy.assign(primary.value)
+
     def replica_variables(self, tower: int) -> list[keras.Variable]:
         """Tower `tower`'s trainable variables: the model's own on tower 0."""
         if not 0 <= tower < len(self.devices):

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import warnings
+from typing import Any
 
 import keras
 import tensorflow as tf
@@ -88,6 +89,18 @@ class TowerStep:
         ):
             self.replicas = None
         return self.replicas
+
+    def inference_reads(self) -> tuple[list, Any]:
+        """``(variables, replicas)`` that `evaluate` and `predict` towers read.
+
+        Each tower's replicas of the trainable weights when they are made
+        (which the entry points keep equal to the model's weights, see
+        `kerastower.entry_points`); else the model's weights, ``([], None)``.
+        """
+        trainable = self.model.trainable_weights
+        if self.replicas is not None and self.replicas.matches(trainable):
+            return list(trainable), self.replicas
+        return [], None
 
     # -- one step ---------------------------------------------------------
 
@@ -162,9 +175,11 @@ class TowerStep:
         model = self.model
         x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
 
+        variables, replicas = self.inference_reads()
+
         def tower_fn(shard, weight, losses):
             tx, ty, tsw = shard
-            with layer_updates.tower_reads(model, [], state):
+            with layer_updates.tower_reads(model, variables, state, replicas):
                 y_pred = _keras_compat.forward(model, tx, training=False)
                 loss, per_output = self.loss.tower_loss(
                     tx, ty, y_pred, tsw, weight, losses, training=False
@@ -190,9 +205,10 @@ class TowerStep:
     def predict(self, data):
         """Predictions for the global batch `data`, in input order."""
         x, _, _ = keras.utils.unpack_x_y_sample_weight(data)
+        variables, replicas = self.inference_reads()
 
         def tower_fn(shard, weight, losses):
-            with layer_updates.tower_reads(self.model, [], state):
+            with layer_updates.tower_reads(self.model, variables, state, replicas):
                 return _keras_compat.forward(self.model, shard, training=False)
 
         with layer_updates.step_state(self.model, training=False) as state:

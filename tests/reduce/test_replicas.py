@@ -291,12 +291,50 @@ def test_towers_read_their_replicas_not_the_model_variables():
         inside = keras.ops.convert_to_numpy(kernel.value)
     np.testing.assert_array_equal(inside, copy.numpy())
     np.testing.assert_array_equal(kernel.numpy() + 1.0, copy.numpy())
-    # A replica that differs from the model changes tower 1's gradient (only
-    # `fit`, `set_weights` and `load_weights` copy the model to the replicas).
-    for model in (plain, towered):
-        model.train_on_batch(x[:8], y[:8])
+    # A replica that differs from the model changes tower 1's gradient and
+    # predictions (the entry points copy the model to the replicas first;
+    # the steps themselves do not).
+    predicted = keras.ops.convert_to_numpy(towered.predict_step((x[:8],)))
+    expected = plain.predict(x[:8], verbose=0)
+    assert_close(predicted[:4], expected[:4])
+    assert np.abs(predicted[4:] - expected[4:]).max() > 1e-3
+    plain.train_on_batch(x[:8], y[:8])
+    towered.train_step((x[:8], y[:8]))
     difference = np.abs(plain.get_weights()[0] - towered.get_weights()[0]).max()
     assert difference > 1e-3
+
+
+@pytest.mark.parametrize("entry", ["evaluate", "predict", "on_batch", "fit"])
+def test_a_weight_assigned_directly_reaches_every_replica(entry):
+    x, y = regression_data(n=24)
+    plain, towered = twin(mlp, 3, replicate_variables=True)
+    compile_both(plain, towered, keras.optimizers.SGD(0.1))
+    fit_pair(plain, towered, x, y, batch_size=8, epochs=1)
+    for model in (plain, towered):
+        kernel = model.layers[1].kernel
+        kernel.assign(kernel.numpy() * 0.5)
+    if entry == "evaluate":
+        assert_close(
+            towered.evaluate(x, y, batch_size=9, verbose=0),
+            plain.evaluate(x, y, batch_size=9, verbose=0),
+        )
+    elif entry == "predict":
+        assert_close(
+            towered.predict(x, batch_size=9, verbose=0),
+            plain.predict(x, batch_size=9, verbose=0),
+        )
+    elif entry == "on_batch":
+        assert_close(towered.predict_on_batch(x[:9]), plain.predict_on_batch(x[:9]))
+        assert_close(
+            towered.test_on_batch(x[:9], y[:9]), plain.test_on_batch(x[:9], y[:9])
+        )
+        assert_close(
+            towered.train_on_batch(x[:9], y[:9]), plain.train_on_batch(x[:9], y[:9])
+        )
+        assert_same_weights(plain, towered)
+    else:
+        assert_trains_as_one_device(plain, towered, x, y, batch_size=9, epochs=1)
+    assert_replicas_in_sync(towered)
 
 
 @pytest.mark.parametrize("towers", [2, 4])

@@ -15,8 +15,11 @@ instance key within a group. kerastower issues two kinds, both keyed here:
   (the predictions gathered for ``global_batch_loss``, in a shorter last
   batch) reserves its block anew at every call, as
   `MultiWorkerMirroredStrategy` takes a new key for each collective;
-- the ring all-reduces of the replicas (`kerastower.reduce.replicas`): one
-  group per set of tower devices (`group_key`), one key per all-reduce.
+- the ring all-reduces and all-gathers of the replicas
+  (`kerastower.reduce.ring`): one group per set of tower devices
+  (`group_key`), one key per all-reduce; a gather of sparse gradient rows,
+  whose count changes with the batch, takes a new key at every run
+  (`run_key`), also between the steps of one call.
 
 Every process traces its steps in the same order, so the keys agree across
 workers. TensorFlow's own strategies number their groups up from 1: ours
@@ -81,6 +84,30 @@ def reserve(count: int = 1) -> int:
         )
     _next_instance_key += count
     return first
+
+
+RUN_KEYS = 1 << 29
+_run_keys: list = []  # [first key, counter variable], made by `run_key`
+
+
+def run_key() -> tf.Tensor:
+    """An instance key that is new at every run of the op that makes it.
+
+    For a collective whose shape may change from one run to the next (rows
+    gathered from each tower's batch): a traced step that runs it several
+    times in one call (``steps_per_execution``) takes a new key each time,
+    unlike `StepBlock`'s. A process-wide counter on the CPU counts the runs
+    in a block of `RUN_KEYS` keys, reserved at the first use; after
+    `RUN_KEYS` runs the keys come round again.
+    """
+    if not _run_keys:
+        with tf.init_scope(), tf.device("/CPU:0"):
+            counter = tf.Variable(0, dtype=tf.int32, trainable=False, name="run_key")
+            _run_keys.extend([reserve(RUN_KEYS), counter])
+    first, counter = _run_keys
+    with tf.device("/CPU:0"):
+        runs = counter.assign_add(1, read_value=True)
+        return first + tf.math.floormod(runs, RUN_KEYS)
 
 
 class StepBlock:

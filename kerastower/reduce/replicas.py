@@ -19,10 +19,11 @@ tower's device and sends its gradients back there, so that device moves about
    ``CollectiveReduceV2`` (ring on CPUs, NCCL on GPUs with
    ``communication_hint="auto"``), so every tower receives the same
    ``g = sum_i g_i``: the ring's all-gather copies each reduced chunk, so the
-   towers' sums are bitwise identical. Sparse gradients (`tf.IndexedSlices`)
-   are summed on tower 0 exactly as without replicas
-   (`kerastower.reduce.gradients.sum_gradients`) and that one sum is sent to every
-   tower.
+   towers' sums are bitwise identical (`kerastower.reduce.ring`). Sparse
+   gradients (`tf.IndexedSlices`) are all-gathered as rows, values and
+   indices, in tower order (as `MirroredStrategy` gathers them), and each
+   tower combines the rows as one device has them
+   (`kerastower.reduce.gradients`: kept, or merged by index).
 3. Tower 0's sum goes to the model's optimizer as without replicas; tower
    ``i >= 1`` applies its (identical) sum to its replica with its own clone
    of the optimizer (same class and settings, the same learning-rate
@@ -40,10 +41,12 @@ tower's device and sends its gradients back there, so that device moves about
    model's window is applied (`GradientAccumulator.attach`).
 
 A batch smaller than the number of towers runs whole on tower 0 (see
-`kerastower.step.tower_step.TowerStep.split_run`); its gradient is then sent to
-every replica. The replicas and the clones' state are copied from the model
-(`Replicas.sync`) when they are made, at the start of each `fit`, and after
-`set_weights` and `load_weights`.
+`kerastower.step.tower_step.TowerStep.split_run`); the other towers then add
+zeros to the same all-reduce. The replicas and the clones' state are copied
+from the model (`Replicas.sync`) when they are made, at the start of each
+`fit` and after `load_weights`; the model's weights alone (`copy_weights`)
+before `evaluate`, `predict` and the ``*_on_batch`` calls and after
+`set_weights` (`kerastower.entry_points`).
 """
 
 from __future__ import annotations
@@ -56,22 +59,20 @@ import keras
 import tensorflow as tf
 
 from kerastower import _keras_compat
-from kerastower.reduce import keys
-from kerastower.reduce.gradients import sum_gradients
+from kerastower.reduce.gradients import has_static_rows, merge_rows
+from kerastower.reduce.ring import Ring, pack, unpack
 
 
-def pack(tensors: Sequence[tf.Tensor]) -> tf.Tensor:
-    """Flattens `tensors` (one dtype) into one vector, in order."""
-    return tf.concat([tf.reshape(t, [-1]) for t in tensors], axis=0)
-
-
-def unpack(flat: tf.Tensor, shapes: Sequence[tf.TensorShape]) -> list[tf.Tensor]:
-    """Undoes `pack` for tensors of the given static `shapes`."""
-    sizes = [shape.num_elements() for shape in shapes]
-    return [
-        tf.reshape(piece, shape)
-        for piece, shape in zip(tf.split(flat, sizes, num=len(sizes)), shapes)
-    ]
+def _nothing_like(gradient: Any) -> Any:
+    """A gradient that adds nothing: zeros, or slices of no rows."""
+    if isinstance(gradient, tf.IndexedSlices):
+        values = gradient.values
+        return tf.IndexedSlices(
+            tf.zeros([0, *values.shape[1:]], values.dtype),
+            tf.zeros([0], gradient.indices.dtype),
+            gradient.dense_shape,
+        )
+    return tf.zeros_like(gradient)
 
 
 class Replicas:
@@ -272,16 +273,18 @@ class Replicas:
                         for g, j in zip(grads, indices)
                     ]
                 )
-        per_tower = shaped
-        if len(per_tower) == 1:
-            summed = [list(per_tower[0])] * len(self.devices)
-        elif len(per_tower) == len(self.devices):
-            summed = self.all_reduce(per_tower, static_rows)
-        else:
+        if len(shaped) == 1:
+            # The other towers add nothing (``g + 0 == g``), through the same
+            # ring, rather than tower 0 sending its gradient to each.
+            for device in self.devices[1:]:
+                with tf.device(device):
+                    shaped.append([_nothing_like(g) for g in shaped[0]])
+        if len(shaped) != len(self.devices):
             raise ValueError(
                 f"`per_tower` must hold 1 or {len(self.devices)} gradient lists. "
                 f"Received: {len(per_tower)}"
             )
+        summed = self.all_reduce(shaped, static_rows)
         fixed = {j for j, rows in zip(indices, static_rows or []) if rows}
         for tower in range(1, len(self.devices)):
             if accumulator is None:
@@ -315,8 +318,9 @@ class Replicas:
     ) -> list[list[Any]]:
         """Sums the towers' gradients; every tower gets the sum on its device.
 
-        Dense gradients of one dtype go in one packed ring all-reduce; sparse
-        ones are summed on tower 0 by `kerastower.reduce.gradients.sum_gradients`.
+        Dense gradients of one dtype go in one packed ring all-reduce; the
+        rows of sparse ones are all-gathered, and combined on each tower as
+        `kerastower.reduce.gradients.sum_gradients` combines them.
         """
         count = len(per_tower[0])
         static_rows = static_rows or [None] * count
@@ -326,11 +330,24 @@ class Replicas:
             for k in range(count)
             if all(isinstance(t[k], tf.IndexedSlices) for t in per_tower)
         ]
+        ring = Ring(self.devices, self._tokens)
         for k in sparse:
-            with tf.device(self.devices[0]):
-                total = sum_gradients([t[k] for t in per_tower], static_rows[k])
-            for grads in out:
-                grads[k] = total
+            first = per_tower[0][k]
+            values = ring.gather_rows([t[k].values for t in per_tower])
+            indices = ring.gather_rows(
+                [tf.cast(t[k].indices, tf.int64) for t in per_tower]
+            )
+            merge = static_rows[k]
+            if merge is None:
+                merge = has_static_rows([t[k] for t in per_tower])
+            for tower, grads in enumerate(out):
+                with tf.device(self.devices[tower]):
+                    rows = tf.IndexedSlices(
+                        values[tower],
+                        tf.cast(indices[tower], first.indices.dtype),
+                        first.dense_shape,
+                    )
+                    grads[k] = merge_rows(rows) if merge else rows
         dense = [k for k in range(count) if k not in sparse]
         for dtype in sorted({per_tower[0][k].dtype for k in dense}, key=str):
             where = [k for k in dense if per_tower[0][k].dtype == dtype]
@@ -339,39 +356,11 @@ class Replicas:
             for tower, grads in enumerate(per_tower):
                 with tf.device(self.devices[tower]):
                     flats.append(pack([tf.convert_to_tensor(grads[k]) for k in where]))
-            for tower, total in enumerate(self._ring_sum(flats)):
+            for tower, total in enumerate(ring.sum(flats)):
                 with tf.device(self.devices[tower]):
                     for k, value in zip(where, unpack(total, shapes)):
                         out[tower][k] = value
         return out
-
-    def _ring_sum(self, flats: Sequence[tf.Tensor]) -> list[tf.Tensor]:
-        """One ``CollectiveReduceV2`` per tower, summing `flats` over towers."""
-        key = keys.reserve()
-        group = keys.group_key(self.devices)
-
-        def launch(flats):
-            summed = []
-            for device, flat, token in zip(self.devices, flats, self._tokens):
-                with tf.device(device):
-                    summed.append(
-                        tf.raw_ops.CollectiveReduceV2(
-                            input=flat,
-                            group_size=len(self.devices),
-                            group_key=group,
-                            instance_key=key,
-                            ordering_token=[token.handle],
-                            merge_op="Add",
-                            final_op="Id",
-                            communication_hint="auto",
-                        )
-                    )
-            return summed
-
-        if tf.executing_eagerly():
-            # Eagerly each collective would wait for the others in turn.
-            return tf.function(launch)(list(flats))
-        return launch(list(flats))
 
 
 class SyncReplicas(keras.callbacks.Callback):

@@ -14,8 +14,9 @@ from oracle import (
 )
 
 import kerastower
-from kerastower.reduce import replica_setting
-from kerastower.reduce.replicas import Replicas, pack, unpack
+from kerastower.reduce import replica_setting, ring
+from kerastower.reduce.replicas import Replicas
+from kerastower.reduce.ring import pack, unpack
 from kerastower.step import layer_updates
 
 
@@ -165,6 +166,51 @@ def test_embedding_with_adam_sparse_gradients(towers):
     plain, towered = twin(embedding_model, towers, replicate_variables=True)
     compile_both(plain, towered, keras.optimizers.Adam(0.05))
     assert_trains_as_one_device(plain, towered, x, y, batch_size=7, epochs=2)
+
+
+def spy(monkeypatch, owner, name):
+    """Counts the calls of ``owner.name`` (traces, for a traced step)."""
+    original = getattr(owner, name)
+
+    def counted(*args, **kwargs):
+        counted.count += 1
+        return original(*args, **kwargs)
+
+    counted.count = 0
+    monkeypatch.setattr(owner, name, counted)
+    return counted
+
+
+def token_and_position_model():
+    keras.utils.set_random_seed(0)
+    inputs = keras.Input((6,), dtype="int32")
+    tokens = keras.layers.Embedding(50, 4)(inputs)
+    # A table gathered once per batch: its rows merge by index across towers.
+    positions = keras.layers.Embedding(6, 4)(keras.ops.arange(6))
+    hidden = keras.layers.GlobalAveragePooling1D()(tokens + positions)
+    return keras.Model(inputs, keras.layers.Dense(1)(hidden))
+
+
+@pytest.mark.parametrize(
+    "options",
+    [{}, {"steps_per_execution": 3}, {"run_eagerly": True}],
+    ids=["traced", "spe3", "eager"],
+)
+def test_sparse_rows_are_gathered_on_every_tower(options, monkeypatch):
+    gathered = spy(monkeypatch, ring.Ring, "gather_rows")
+    rng = np.random.default_rng(0)
+    x = rng.integers(0, 8, size=(31, 6)).astype("int32")
+    y = rng.normal(size=(31, 1)).astype("float32")
+    plain, towered = twin(token_and_position_model, 3, replicate_variables=True)
+    for model in (plain, towered):
+        model.compile(optimizer=keras.optimizers.Adam(0.05), loss="mse", **options)
+    # Batches of 7, 7, 7, 7 and 3 examples, then 2 (fewer than the towers):
+    # the gathered rows change shape from step to step, also within one call
+    # of `steps_per_execution=3`.
+    assert_trains_as_one_device(plain, towered, x, y, batch_size=7, epochs=2)
+    assert_trains_as_one_device(plain, towered, x[:2], y[:2], batch_size=2)
+    # Every tower received the rows: values and indices of both tables.
+    assert gathered.count >= 4
 
 
 @pytest.mark.parametrize("how", ["set_weights", "load_weights"])

@@ -84,6 +84,10 @@ MODELS = {
     "mlp": (1024, 1024, 3, 10),
     "tiny": (64, 256, 2, 10),
 }
+# name: (vocabulary, embedding width, tokens per example, classes): a table
+# whose gradient is sparse rows (`tf.IndexedSlices`), a small dense head.
+EMBEDDING_MODELS = {"embedding": (20_000, 64, 32, 10)}
+INDEX_BYTES = 8  # the rows' indices travel as int64
 SETUPS = {
     "tower": "kerastower.TowerModel.from_model(model, towers=N)",
     "tower_replicas": "kerastower.TowerModel.from_model(model, towers=N, "
@@ -275,10 +279,11 @@ def per_device(transfers: Iterable[Transfer], devices: Sequence[str]) -> dict:
     return totals
 
 
-def ring_bound(devices: int, gradient_bytes: int) -> float:
-    """Bytes each device sends (and receives) in a ring all-reduce:
-    ``2 (N-1)/N * gradient_bytes``."""
-    return 2 * (devices - 1) / devices * gradient_bytes
+def ring_bound(devices: int, gradient_bytes: int, row_bytes: int = 0) -> float:
+    """Bytes each device sends (and receives) in a ring all-reduce of the
+    dense gradients and a ring all-gather of the sparse rows:
+    ``2 (N-1)/N * gradient_bytes + (N-1)/N * row_bytes``."""
+    return (devices - 1) / devices * (2 * gradient_bytes + row_bytes)
 
 
 def summarize(
@@ -286,6 +291,8 @@ def summarize(
     devices: Sequence[str],
     variable_shapes: Sequence[Sequence[int]],
     dtype_bytes: int = 4,
+    sparse_shapes: Sequence[Sequence[int]] = (),
+    row_bytes: int = 0,
 ) -> dict[str, Any]:
     """One row of the table from `parse_step`'s records (see the module doc).
 
@@ -294,11 +301,18 @@ def summarize(
         devices: The ``N`` devices, device 0 first (short names, ``"CPU:0"``).
         variable_shapes: The shapes of the model's trainable variables.
         dtype_bytes: Bytes per element of the variables. Defaults to 4.
+        sparse_shapes: The shapes among `variable_shapes` whose gradients are
+            sparse rows: they count as `row_bytes`, not as dense gradients.
+        row_bytes: The bytes of one step's sparse rows, all towers' values
+            and indices.
     """
     transfers = parsed["transfers"]
     totals = per_device(transfers, devices)
-    gradient_bytes = dtype_bytes * sum(_elements(s) for s in variable_shapes)
-    bound = ring_bound(len(devices), gradient_bytes)
+    dense = list(variable_shapes)
+    for shape in sparse_shapes:
+        dense.remove(list(shape))
+    gradient_bytes = dtype_bytes * sum(_elements(s) for s in dense)
+    bound = ring_bound(len(devices), gradient_bytes, row_bytes)
     busiest = max(max(t["sent"], t["received"]) for t in totals.values())
     edges = [t for t in transfers if t.kind == "send_recv"]
     model_shapes = {tuple(s) for s in variable_shapes}
@@ -313,6 +327,7 @@ def summarize(
         "device0_sent": totals[devices[0]]["sent"],
         "device0_received": totals[devices[0]]["received"],
         "gradient_bytes": gradient_bytes,
+        "row_bytes": row_bytes,
         "ring_bound": bound,
         "ratio_to_ring_bound": busiest / bound if bound else None,
         "pcie_ms": 1e3 * busiest / PCIE_BYTES_PER_S,
@@ -353,6 +368,14 @@ def _elements(shape: Sequence[int]) -> int:
 def _build(name: str):
     import keras
 
+    if name in EMBEDDING_MODELS:
+        vocabulary, width, length, classes = EMBEDDING_MODELS[name]
+        keras.utils.set_random_seed(0)
+        inputs = keras.Input((length,), dtype="int32")
+        hidden = keras.layers.Embedding(vocabulary, width)(inputs)
+        hidden = keras.layers.GlobalAveragePooling1D()(hidden)
+        hidden = keras.layers.Dense(width, activation="relu")(hidden)
+        return keras.Model(inputs, keras.layers.Dense(classes)(hidden), name=name)
     features, units, layers, classes = MODELS[name]
     keras.utils.set_random_seed(0)
     inputs = keras.Input((features,))
@@ -413,10 +436,17 @@ def _worker(model_name: str, setup: str, devices: int, batch_size: int) -> None:
         def on_train_batch_end(self, batch, logs=None):
             os.write(2, f"\n{MARKER} end {batch}\n".encode())
 
-    features, _, _, classes = MODELS[model_name]
     examples = (max(MEASURED_STEPS) + 1) * batch_size
     rng = np.random.default_rng(0)
-    x = rng.normal(size=(examples, features)).astype("float32")
+    sparse_shapes, row_bytes = [], 0
+    if model_name in EMBEDDING_MODELS:
+        vocabulary, width, length, classes = EMBEDDING_MODELS[model_name]
+        x = rng.integers(0, vocabulary, size=(examples, length)).astype("int32")
+        sparse_shapes = [[vocabulary, width]]
+        row_bytes = batch_size * length * (4 * width + INDEX_BYTES)
+    else:
+        features, _, _, classes = MODELS[model_name]
+        x = rng.normal(size=(examples, features)).astype("float32")
     y = rng.integers(0, classes, size=(examples,)).astype("int32")
     model.fit(
         x,
@@ -430,6 +460,8 @@ def _worker(model_name: str, setup: str, devices: int, batch_size: int) -> None:
         "devices": [short_device(name) for name in names],
         "variable_shapes": [list(v.shape) for v in model.trainable_variables],
         "variable_dtypes": sorted({str(v.dtype) for v in model.trainable_variables}),
+        "sparse_shapes": sparse_shapes,
+        "row_bytes": row_bytes,
         "machine": machine_info(),
     }
     print(json.dumps(facts))
@@ -494,6 +526,8 @@ def measure(
             parse_step(step_lines(lines, step), order),
             facts["devices"],
             facts["variable_shapes"],
+            sparse_shapes=facts["sparse_shapes"],
+            row_bytes=facts["row_bytes"],
         )
         for step in MEASURED_STEPS
     ]
@@ -573,13 +607,11 @@ def run(
     machine = rows[0].pop("machine") if rows else {}
     for row in rows[1:]:
         row.pop("machine")
-    features, units, layers, classes = MODELS[model]
     results = {
         "meta": {
             "command": " ".join(["python -m bench.traffic", *sys.argv[1:]]),
             "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
-            "model": f"{model}: MLP {features}-" + f"{units}-" * layers + f"{classes}"
-            " (ReLU), float32, SGD",
+            "model": describe(model),
             "global_batch_size": batch_size,
             "bandwidth_bytes_per_s": {
                 "pcie": PCIE_BYTES_PER_S,
@@ -595,9 +627,32 @@ def run(
         "rows": rows,
     }
     out.mkdir(parents=True, exist_ok=True)
-    (out / "traffic.json").write_text(json.dumps(results, indent=1) + "\n")
-    (out / "traffic.md").write_text(markdown_table(rows))
+    stem = result_stem(model)
+    (out / f"{stem}.json").write_text(json.dumps(results, indent=1) + "\n")
+    (out / f"{stem}.md").write_text(markdown_table(rows))
     return results
+
+
+def result_stem(model: str) -> str:
+    """The results' file name: ``traffic`` for the MLPs, else
+    ``traffic_<model>``."""
+    return "traffic" if model in MODELS else f"traffic_{model}"
+
+
+def describe(model: str) -> str:
+    """One line on `model` for the results."""
+    if model in EMBEDDING_MODELS:
+        vocabulary, width, length, classes = EMBEDDING_MODELS[model]
+        return (
+            f"{model}: Embedding({vocabulary}, {width}) of {length} tokens, "
+            f"average, Dense {width} (ReLU), Dense {classes}, float32, SGD; the "
+            "table's gradient is sparse rows"
+        )
+    features, units, layers, classes = MODELS[model]
+    return (
+        f"{model}: MLP {features}-" + f"{units}-" * layers + f"{classes}"
+        " (ReLU), float32, SGD"
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -610,7 +665,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument(
         "--setups", nargs="+", choices=list(SETUPS), default=list(SETUPS)
     )
-    parser.add_argument("--model", choices=list(MODELS), default="mlp")
+    parser.add_argument("--model", choices=[*MODELS, *EMBEDDING_MODELS], default="mlp")
     parser.add_argument(
         "--batch-size", type=int, default=64, help="global batch size (default: 64)"
     )
@@ -637,7 +692,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         log=lambda message: print(message, file=sys.stderr, flush=True),
     )
     print(markdown_table(results["rows"]), end="")
-    print(f"written to {args.out / 'traffic.json'} and {args.out / 'traffic.md'}")
+    stem = result_stem(args.model)
+    print(f"written to {args.out / stem}.json and {args.out / stem}.md")
 
 
 if __name__ == "__main__":

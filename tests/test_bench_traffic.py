@@ -110,11 +110,19 @@ def test_ring_chunks_are_counted_per_rank_in_the_logged_device_order():
     assert row["ring_bound"] == ring_bound(2, 1000) == 1000
     assert row["ratio_to_ring_bound"] == pytest.approx(0.6)
     assert row["ring_sent_bytes"] == row["ring_received_bytes"] == 1000
+    # A table with sparse gradients counts its rows, gathered, not its size.
+    row = summarize(
+        parsed, order, [[250], [10, 4]], sparse_shapes=[[10, 4]], row_bytes=800
+    )
+    assert row["gradient_bytes"] == 1000 and row["row_bytes"] == 800
+    assert row["ring_bound"] == ring_bound(2, 1000, 800) == 1000 + 400
 
 
 def test_ring_bound_is_two_n_minus_one_over_n():
     assert ring_bound(4, 100) == 150
     assert ring_bound(8, 800) == 1400
+    # Rows are all-gathered: each device receives the others' (N-1)/N.
+    assert ring_bound(4, 100, 40) == 150 + 30
 
 
 def test_several_ring_orders_cannot_be_mapped():

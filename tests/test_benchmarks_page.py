@@ -241,5 +241,17 @@ def test_the_one_machine_guide_quotes_traffic_json():
         )
         + " times the ring bound at 2, 4 and 8 towers",
     ]
+    embedding = {
+        (row["setup"], row["towers"]): row
+        for row in _load("traffic_embedding.json")["rows"]
+    }
+    phrases.append(
+        "and "
+        + figures.span(
+            embedding["tower_replicas", n]["ratio_to_ring_bound"] for n in (2, 4, 8)
+        )
+        + " times the bound (the dense ring plus the all-gathered rows) for an "
+        "embedding model at 2, 4 and 8"
+    )
     for phrase in phrases:
         assert phrase in guide, f"docs/guides/one-machine.md should say: {phrase!r}"

@@ -120,6 +120,30 @@ def traced_static_rows(loss_fn, variables: Sequence[Any], data: Any) -> set[int]
     return found
 
 
+class EagerStaticRows:
+    """`traced_static_rows` of an eager step, traced once per kind of step.
+
+    Call it with ``(loss_fn, variables, data)``: ``None`` in a traced step
+    (where `has_static_rows` reads the graph), else the set of indices,
+    cached by the loss function, the variables and the data's dtypes.
+    """
+
+    def __init__(self):
+        self._found: dict = {}
+
+    def __call__(self, loss_fn, variables: Sequence[Any], data: Any) -> set[int] | None:
+        if not tf.executing_eagerly():
+            return None
+        key = (
+            getattr(loss_fn, "__code__", loss_fn),
+            tuple(id(v) for v in variables),
+            repr(tf.nest.map_structure(lambda t: getattr(t, "dtype", t), data)),
+        )
+        if key not in self._found:
+            self._found[key] = traced_static_rows(loss_fn, variables, data)
+        return self._found[key]
+
+
 def merge_rows(slices: tf.IndexedSlices) -> tf.IndexedSlices:
     """Sums the rows of `slices` that share an index (one row per index)."""
     unique, position = tf.unique(slices.indices)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import tensorflow as tf
 
@@ -102,3 +103,15 @@ def keeps_replicas(setting: bool | str, jit_compile: bool) -> bool:
     ``False`` does. ``True`` keeps them (`Replicas.check` refuses XLA).
     """
     return not (jit_compile and setting == "auto")
+
+
+def inference_reads(replicas: Any, variables: Sequence[Any]) -> tuple[list, Any]:
+    """``(variables, replicas)`` for the towers of `evaluate` and `predict`.
+
+    Each tower reads its replicas of the trainable `variables` when they are
+    made (`kerastower.entry_points` copies the model's weights to them
+    first); else the model's weights: ``([], None)``.
+    """
+    if replicas is not None and replicas.matches(variables):
+        return list(variables), replicas
+    return [], None

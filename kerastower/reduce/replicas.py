@@ -333,10 +333,13 @@ class Replicas:
         ring = Ring(self.devices, self._tokens)
         for k in sparse:
             first = per_tower[0][k]
+            ids = []
+            for device, grads in zip(self.devices, per_tower):
+                with tf.device(device):
+                    # int64: int32 would live in a GPU's host memory.
+                    ids.append(tf.cast(grads[k].indices, tf.int64))
             values = ring.gather_rows([t[k].values for t in per_tower])
-            indices = ring.gather_rows(
-                [tf.cast(t[k].indices, tf.int64) for t in per_tower]
-            )
+            indices = ring.gather_rows(ids)
             merge = static_rows[k]
             if merge is None:
                 merge = has_static_rows([t[k] for t in per_tower])

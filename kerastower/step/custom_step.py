@@ -15,6 +15,8 @@ from typing import Any
 import keras
 import tensorflow as tf
 
+from kerastower.reduce import workers
+
 
 def tower_gradients(
     step,
@@ -48,7 +50,9 @@ def tower_gradients(
         gradients, loss, outputs, _ = step.tower_gradients(
             tower_loss, variables, tensors
         )
-        loss, gradients = step.sum_gradients_over_workers(loss, gradients)
+        loss, gradients = workers.sum_gradients_over_workers(
+            model, loss, gradients, step.static_rows
+        )
     if has_aux:
         return gradients, loss, outputs
     return gradients, loss

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import contextlib
 import warnings
-from typing import Any
 
 import keras
 import tensorflow as tf
@@ -30,6 +29,7 @@ import tensorflow as tf
 from kerastower import _keras_compat, multi_worker
 from kerastower.reduce import keys, replica_setting, workers
 from kerastower.reduce.gradients import (
+    EagerStaticRows,
     has_static_rows,
     sum_gradients,
     traced_static_rows,
@@ -70,18 +70,16 @@ class TowerStep:
         self.replicas = replicas
         self.accumulator = None
         # Which sparse gradients gather a fixed set of rows: found by
-        # `tower_gradients`, used by the `sum_gradients_over_workers` that
-        # follows it in the same step.
-        self._static_rows: set[int] = set()
-        self._traced_rows: dict = {}  # eager steps: `traced_static_rows`
+        # `tower_gradients`, for the sum over the workers that follows it.
+        self.static_rows: set[int] = set()
+        self.eager_static_rows = EagerStaticRows()
         self.loss = StepLoss(model)
 
     def usable_replicas(self):
         """The replicas the next training step reads, or ``None``.
 
-        With ``replicate_variables="auto"`` a step compiled with XLA trains
-        without them: the model's variables then move on without the
-        replicas, which are dropped for good.
+        Dropped for good when XLA has the step under ``"auto"``
+        (`replica_setting.keeps_replicas`): the variables move on without them.
         """
         model = self.model
         if not replica_setting.keeps_replicas(
@@ -89,18 +87,6 @@ class TowerStep:
         ):
             self.replicas = None
         return self.replicas
-
-    def inference_reads(self) -> tuple[list, Any]:
-        """``(variables, replicas)`` that `evaluate` and `predict` towers read.
-
-        Each tower's replicas of the trainable weights when they are made
-        (which the entry points keep equal to the model's weights, see
-        `kerastower.entry_points`); else the model's weights, ``([], None)``.
-        """
-        trainable = self.model.trainable_weights
-        if self.replicas is not None and self.replicas.matches(trainable):
-            return list(trainable), self.replicas
-        return [], None
 
     # -- one step ---------------------------------------------------------
 
@@ -129,7 +115,7 @@ class TowerStep:
                 # Which sparse gradients gather a fixed set of rows.
                 data = (x, y, sample_weight)
                 traced = self.eager_static_rows(loss_fn, trainable, data)
-                self._static_rows = (
+                self.static_rows = (
                     traced_static_rows(loss_fn, trainable, data)
                     if traced is None
                     else traced
@@ -149,7 +135,9 @@ class TowerStep:
                 replicas=replicas,
                 accumulator=accumulator,
             )
-            loss, gradients = self.sum_gradients_over_workers(loss, gradients)
+            loss, gradients = workers.sum_gradients_over_workers(
+                model, loss, gradients, self.static_rows
+            )
         if not trainable:
             warnings.warn(
                 "The model does not have any trainable weights.", stacklevel=2
@@ -157,7 +145,7 @@ class TowerStep:
         elif accumulator is not None:
             # Micro-batches weigh by their examples on all workers together.
             accumulator.accumulate(
-                gradients, global_batch_size, model.optimizer, self._static_rows
+                gradients, global_batch_size, model.optimizer, self.static_rows
             )
         else:
             model.optimizer.apply_gradients(zip(gradients, trainable))
@@ -175,7 +163,9 @@ class TowerStep:
         model = self.model
         x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
 
-        variables, replicas = self.inference_reads()
+        variables, replicas = replica_setting.inference_reads(
+            self.replicas, model.trainable_weights
+        )
 
         def tower_fn(shard, weight, losses):
             tx, ty, tsw = shard
@@ -205,7 +195,9 @@ class TowerStep:
     def predict(self, data):
         """Predictions for the global batch `data`, in input order."""
         x, _, _ = keras.utils.unpack_x_y_sample_weight(data)
-        variables, replicas = self.inference_reads()
+        variables, replicas = replica_setting.inference_reads(
+            self.replicas, self.model.trainable_weights
+        )
 
         def tower_fn(shard, weight, losses):
             with layer_updates.tower_reads(self.model, variables, state, replicas):
@@ -302,27 +294,8 @@ class TowerStep:
         gradients = [None] * len(variables)
         for k, j in enumerate(connected):
             gradients[j] = grads[k]
-        self._static_rows = {j for j, rows in static_rows.items() if rows}
+        self.static_rows = {j for j, rows in static_rows.items() if rows}
         return gradients, loss, outputs, total
-
-    def eager_static_rows(self, loss_fn, variables, data) -> set[int] | None:
-        """`traced_static_rows` once per step kind when eager, else ``None``."""
-        if not tf.executing_eagerly():
-            return None
-        key = (
-            getattr(loss_fn, "__code__", loss_fn),
-            tuple(id(v) for v in variables),
-            repr(tf.nest.map_structure(lambda t: getattr(t, "dtype", t), data)),
-        )
-        if key not in self._traced_rows:
-            self._traced_rows[key] = traced_static_rows(loss_fn, variables, data)
-        return self._traced_rows[key]
-
-    def sum_gradients_over_workers(self, loss, gradients):
-        """Sums the loss and gradients over the workers (identity on one)."""
-        return workers.sum_gradients_over_workers(
-            self.model, loss, gradients, self._static_rows
-        )
 
     # -- running the towers ------------------------------------------------
 

@@ -11,6 +11,11 @@ declares, and every pair of them is run:
   when any pair fails, after running the others.
 - ``nox -s oldest`` runs `CI_SUITES` on the oldest pair; ``.ci/run`` runs it
   (the newest pair is what CI's own interpreter tests).
+- ``nox -s replicas`` runs the whole test suite and Keras's own model and
+  trainer tests (``tests/keras_suite/run.py``) on the newest pair with the
+  GPU path forced on logical CPUs (``KERASTOWER_REPLICATE_VARIABLES=1``:
+  per-tower replicas, ring all-reduce); CI runs the equivalence and
+  property tests that way.
 - ``nox -s package`` builds the sdist and the wheel, checks them with
   ``twine check --strict``, and installs the wheel the ways the installation
   page gives: with the ``cpu`` extra into an empty virtual environment, and
@@ -247,6 +252,18 @@ def oldest(session: nox.Session) -> None:
     session.log(f"{row}")
     if row["outcome"] != "passed":
         session.error(f"Keras {keras} with TensorFlow {tensorflow} fails")
+
+
+@nox.session
+def replicas(session: nox.Session) -> None:
+    """Every test, and Keras's peer suite, with replicas forced on (newest pair)."""
+    keras, tensorflow = KERAS[-1], TENSORFLOW[-1]
+    # The development extras too: the docs and benchmark tests need them.
+    session.install(f"tensorflow-cpu=={tensorflow}", f"keras=={keras}", "-e", ".[dev]")
+    _check_versions(session, keras, tensorflow)
+    env = {**_ENV, "KERASTOWER_REPLICATE_VARIABLES": "1"}
+    session.run("python", "-m", "pytest", "-q", "-p", "no:cacheprovider", env=env)
+    session.run("python", "tests/keras_suite/run.py", env=env)
 
 
 def _venv(session: nox.Session, path: Path, *requirements: str) -> Path:

@@ -29,13 +29,13 @@ class EntryPoints:
     """
 
     def _copy_to_replicas(self) -> None:
-        replicas = self._tower_step.usable_replicas()
+        replicas = self._tower_step.replicas
         if replicas is not None:
             replicas.copy_weights(self.trainable_weights)
 
     def fit(self, *args, **kwargs):
         ours = [BroadcastFromChief()] if self.num_workers > 1 else []
-        replicas = self._tower_step.usable_replicas()
+        replicas = self._tower_step.replicas
         if replicas is not None:
             ours += sync_callbacks(
                 replicas,

@@ -100,11 +100,11 @@ class TowerModel(EntryPoints, _keras_compat.TrainerHooks, keras.Model):
             `kerastower.reduce.replicas`): no device moves much more than
             ``2 (N-1)/N`` times the gradient bytes per step, instead of about
             ``N`` times that on the first tower. ``"auto"`` replicates when
-            every tower is a GPU, on one worker, without XLA (see
+            every tower is a GPU, on one worker (see
             `kerastower.reduce.replica_setting`; on logical CPUs,
             ``$KERASTOWER_REPLICATE_VARIABLES=1`` forces it). ``True``: one
-            worker, no XLA; a `train_step` of your own trains without
-            replicas (with a warning). Defaults to ``"auto"``.
+            worker; a `train_step` of your own trains without replicas
+            (with a warning). Defaults to ``"auto"``.
         global_batch_loss: Whether the loss is computed on the whole global
             batch from every tower's gathered predictions, instead of on
             each shard: for losses that compare the examples of a batch

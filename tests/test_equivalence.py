@@ -1,7 +1,5 @@
 """TowerModel gives the same weights, losses, metrics and predictions as one device."""
 
-import warnings
-
 import keras
 import numpy as np
 import pytest
@@ -343,56 +341,6 @@ def test_jit_compile():
         batch_size=6,
         epochs=2,
     )
-
-
-@pytest.mark.parametrize(
-    "jit_compile, towers, warns", [(True, 2, True), (False, 2, False), (True, 1, False)]
-)
-def test_jit_compile_warns_that_every_tower_runs_on_the_first_device(
-    jit_compile, towers, warns
-):
-    # XLA compiles the step into one computation on one device and ignores
-    # the towers' placements in it: with jit_compile=True every op of a
-    # 4-tower step ran on the first logical CPU (TensorFlow's executor log).
-    x, y = regression_data(n=8)
-    _, towered = twin(mlp, towers)
-    towered.compile(optimizer="sgd", loss="mse", jit_compile=jit_compile)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        towered.fit(x, y, batch_size=4, verbose=0)
-    messages = [str(w.message) for w in caught]
-    shown = [m for m in messages if "into one XLA computation" in m]
-    assert bool(shown) == warns, messages
-    if warns:
-        assert "CPU:0" in shown[0] and "other devices do no work" in shown[0]
-
-
-class CountsTraces(keras.layers.Layer):
-    """Counts how often the model is traced (each call is one trace)."""
-
-    calls = 0
-
-    def call(self, x):
-        CountsTraces.calls += 1
-        return x
-
-
-@pytest.mark.parametrize("towers", [2, 3])
-def test_jit_compile_traces_no_whole_batch_branch(towers):
-    # Without XLA a batch smaller than the towers runs whole on the first
-    # tower, a `tf.cond` branch that traces the model once more. XLA kept both
-    # branches and ran the bench convnet 4x slower, so under `jit_compile`
-    # the step must hold the towers' forward passes only.
-    traced = {}
-    for jit_compile in (False, True):
-        inputs = keras.Input((3,))
-        outputs = keras.layers.Dense(1)(CountsTraces()(inputs))
-        model = kerastower.TowerModel(inputs, outputs, towers=towers)
-        model.compile(optimizer="sgd", loss="mse", jit_compile=jit_compile)
-        CountsTraces.calls = 0
-        model.fit(np.ones((4, 3)), np.ones((4, 1)), batch_size=4, verbose=0)
-        traced[jit_compile] = CountsTraces.calls
-    assert traced[False] - traced[True] == 1, traced
 
 
 @pytest.mark.parametrize("towers", [2, 4])

@@ -11,8 +11,8 @@ The package is that one place: `errors` (the error and the supported
 range), `losses` (loss reduction and masks), `trainer` (model and trainer
 hooks), `layers` (`SpectralNormalization`'s update, `StatelessScope`), `callbacks`
 (callbacks, optimizers, strategies), `optimizers` (an optimizer's copy for
-replicas), `metrics` (a `Mean` of a batch scalar updated in a tower) and
-`collectives` (TensorFlow's multi-worker start-up).
+replicas), `metrics` (a `Mean` of a batch scalar updated in a tower), `xla` (XLA per
+tower) and `collectives` (TensorFlow's multi-worker start-up).
 """
 
 from kerastower._keras_compat.callbacks import (
@@ -78,6 +78,7 @@ from kerastower._keras_compat.trainer import (
     warn_once,
     warnings_shown_at_build,
 )
+from kerastower._keras_compat.xla import compiled_in_towers
 
 __all__ = [
     "check_execution_steps",
@@ -97,6 +98,7 @@ __all__ = [
     "check_prepared",
     "check_reductions",
     "clone_optimizer",
+    "compiled_in_towers",
     "compiled_losses_replaced",
     "compute_loss",
     "divisor",

@@ -10,6 +10,7 @@ import warnings
 import keras
 import tensorflow as tf
 
+from kerastower._keras_compat import xla
 from kerastower._keras_compat.errors import _attribute, _fail
 
 
@@ -255,6 +256,25 @@ class TrainerHooks:
             return False  # as Keras does under tf.distribute
         return super()._resolve_auto_jit_compile()
 
+    # With towers, XLA compiles each tower (`xla.compiled_in_towers`), not
+    # the step that holds them all.
+    def make_train_function(self, force=False):
+        with self._step_functions():
+            return super().make_train_function(force)
+
+    def make_test_function(self, force=False):
+        with self._step_functions():
+            return super().make_test_function(force)
+
+    def make_predict_function(self, force=False):
+        with self._step_functions():
+            return super().make_predict_function(force)
+
+    def _step_functions(self):
+        if self.num_towers > 1:
+            return xla.functions_without_xla(self)
+        return contextlib.nullcontext()
+
     def _maybe_symbolic_build(self, iterator=None, data_batch=None):
         if self._distribute_strategy is not None or not self._builds_before_towers():
             return super()._maybe_symbolic_build(iterator, data_batch)
@@ -294,6 +314,9 @@ def _check_trainer_hooks() -> None:
         "_maybe_symbolic_build",
         "_symbolic_build",
         "_resolve_auto_jit_compile",
+        "make_train_function",
+        "make_test_function",
+        "make_predict_function",
         "_compute_loss",
         "_flatten_layers",
     ):

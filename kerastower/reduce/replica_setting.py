@@ -2,8 +2,8 @@
 
 ``TowerModel(replicate_variables=...)`` takes ``True``, ``False`` or
 ``"auto"`` (the default). ``"auto"`` replicates where the towers are separate
-accelerators, the case replicas are for: every tower on its own GPU, one
-worker, a step that is not compiled with XLA. There, without replicas, the
+accelerators, the case replicas are for: every tower on its own GPU, on one
+worker. There, without replicas, the
 first GPU would move about ``N`` times the bytes of a ring all-reduce per step
 (see `kerastower.reduce.replicas`). On logical CPUs, which share one memory,
 the towers read the model's variables, which costs less.
@@ -94,15 +94,6 @@ def replicates(
         return False
     force = forced(environ)
     return on_accelerators(devices) if force is None else force
-
-
-def keeps_replicas(setting: bool | str, jit_compile: bool) -> bool:
-    """Whether a step compiled with `jit_compile` still trains on replicas.
-
-    ``"auto"`` lets XLA have the step: it then trains without replicas, as
-    ``False`` does. ``True`` keeps them (`Replicas.check` refuses XLA).
-    """
-    return not (jit_compile and setting == "auto")
 
 
 def inference_reads(replicas: Any, variables: Sequence[Any]) -> tuple[list, Any]:

@@ -104,21 +104,6 @@ class Replicas:
         self._clones: list[Any] = []
         self._tokens: list[tf.Variable] = []
 
-    @staticmethod
-    def check(model: keras.Model) -> None:
-        """Checks that `model`'s training step can run with replicas.
-
-        Raises:
-            ValueError: If the step is compiled with XLA (``jit_compile``),
-                which replicas do not support.
-        """
-        if model.jit_compile:
-            raise ValueError(
-                "`replicate_variables=True` does not support XLA: its all-reduce "
-                "spans devices. Compile with `jit_compile=False`. Received: "
-                "jit_compile=True"
-            )
-
     def ensure(self, variables: Sequence[keras.Variable], optimizer: Any) -> None:
         """Makes the replicas of `variables` and clones of `optimizer`.
 
@@ -303,6 +288,8 @@ class Replicas:
         (``iterations``, the learning rate, a loss scale): apply before the
         model's optimizer applies the same gradients.
         """
+        if not indices:  # no variable is connected to the loss
+            return
         copies = self._copies[tower - 1]
         clone = self._clones[tower - 1]
         with tf.device(self.devices[tower]):

@@ -78,27 +78,6 @@ def check_no_stateful_layers(model: Any) -> None:
             )
 
 
-def warn_if_xla_uses_one_device(model: Any) -> None:
-    """Warns that under XLA every tower runs on the first tower's device.
-
-    A step compiled with ``jit_compile=True`` is one XLA computation on one
-    device, and XLA ignores the towers' device placements inside it: the
-    towers still split the batch (so the model trains exactly), but all of
-    them on the first device. Measured on logical CPUs: every op of the step
-    ran on the first one.
-    """
-    if model.jit_compile and model.num_towers > 1:
-        warnings.warn(
-            "`jit_compile=True` compiles the whole step, every tower "
-            "included, into one XLA computation, which runs on the first "
-            f"tower's device ({model.tower_devices[0]}): the training stays "
-            "exact, but the towers' other devices do no work. "
-            "Compile with `jit_compile=False` (the default with towers) to "
-            f"train on all {model.num_towers}.",
-            stacklevel=2,
-        )
-
-
 def warn_if_trainable_assigned(paths: list[str]) -> None:
     """Warns that the forward pass assigns trainable weights of the model.
 

@@ -75,19 +75,6 @@ class TowerStep:
         self.eager_static_rows = EagerStaticRows()
         self.loss = StepLoss(model)
 
-    def usable_replicas(self):
-        """The replicas the next training step reads, or ``None``.
-
-        Dropped for good when XLA has the step under ``"auto"``
-        (`replica_setting.keeps_replicas`): the variables move on without them.
-        """
-        model = self.model
-        if not replica_setting.keeps_replicas(
-            model.replicate_variables, model.jit_compile
-        ):
-            self.replicas = None
-        return self.replicas
-
     # -- one step ---------------------------------------------------------
 
     def train(self, data) -> dict:
@@ -121,9 +108,8 @@ class TowerStep:
                     else traced
                 )
         else:
-            replicas = self.usable_replicas()
+            replicas = self.replicas
             if replicas is not None:
-                replicas.check(model)
                 replicas.ensure(trainable, model.optimizer)
                 if accumulator is not None:
                     accumulator.attach(replicas)
@@ -311,14 +297,13 @@ class TowerStep:
         workers). A batch smaller than the number of towers would leave towers
         without an example, which some TensorFlow kernels mishandle (oneDNN
         convolutions return a wrongly shaped empty tensor), so it runs whole on
-        the first tower instead, exactly as on one device. Under XLA
-        (``jit_compile``) the towers always run: XLA's kernels take empty
-        shards, and it would keep both whole-model branches of the choice.
+        the first tower instead, exactly as on one device (there without
+        XLA, which compiles the towers' ops only). With one tower under XLA
+        the tower always runs: XLA would keep both whole-model branches.
         """
         model = self.model
         if model.num_towers > 1:
             checks.check_no_stateful_layers(model)
-            checks.warn_if_xla_uses_one_device(model)
         if across_workers:
             checks.check_gathered_steps(model)
         batch = tf.shape(first_leaf(data))[0]
@@ -380,8 +365,9 @@ class TowerStep:
         # where only the towers ran (eager), each distinct one once.
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            if model.jit_compile:
-                # Both branches in one XLA computation ran the bench convnet's
+            if model.jit_compile and model.num_towers == 1:
+                # One tower on several workers: the whole step is one XLA
+                # computation, in which both branches ran the bench convnet's
                 # step 4x slower (55 ms against 14 ms).
                 result = on_towers()
             else:
@@ -413,7 +399,10 @@ class TowerStep:
         )
         context = tower_context(self.model, total, sum_fn, sync_batch_norm=True)
         gathering = self.loss.gathering(sizes, sum_fn, offset, total)
-        with gathering, context as losses:
+        xla = contextlib.nullcontext()
+        if self.model.jit_compile and not tf.executing_eagerly():
+            xla = _keras_compat.compiled_in_towers(strategy)  # XLA per tower
+        with gathering, context as losses, xla:
             outputs = strategy.run(
                 lambda args: tower_fn(args[0], args[1], losses), args=(inputs,)
             )

@@ -9,14 +9,15 @@ weights), an optimizer (Adam and friends on sparse embedding gradients, AdamW
 with exclusions from weight decay, a learning-rate schedule of the test's own
 included), 1-4 towers and
 batch sizes 1-33, so that uneven splits and batches smaller than the tower
-count occur, with or without per-tower replicas (``replicate_variables``) and
-the loss of the whole batch (``global_batch_loss``, always with the
-contrastive loss). Weights, history, evaluation and predictions must equal a
-plain `keras.Model` on one device.
+count occur, with or without per-tower replicas (``replicate_variables``),
+XLA (``jit_compile``, per tower) and the loss of the whole batch
+(``global_batch_loss``, always with the contrastive loss). Weights, history,
+evaluation and predictions must equal a plain `keras.Model` on one device.
 """
 
 import keras
 import numpy as np
+import pytest
 import scipy.sparse
 from hypothesis import given
 from hypothesis import strategies as st
@@ -207,6 +208,8 @@ def setups(draw):
         seed=draw(st.integers(0, 2**16)),
         replicate_variables=draw(st.booleans()),
         global_batch_loss=family == "contrastive" or draw(st.booleans()),
+        # Keras cannot compile a sparse input's ops with XLA on one device.
+        jit_compile=family != "sparse" and draw(st.booleans()),
     )
 
 
@@ -251,11 +254,46 @@ def compile_kwargs(setup):
         )
         loss = {"score": score, "label": loss}
         metrics = {"score": ["mae"], "label": ["accuracy"]}
-    return dict(optimizer=OPTIMIZERS[setup["optimizer"]](), loss=loss, metrics=metrics)
+    return dict(
+        optimizer=OPTIMIZERS[setup["optimizer"]](),
+        loss=loss,
+        metrics=metrics,
+        jit_compile=setup["jit_compile"],
+    )
 
 
 @given(setups())
 def test_model_families_match_one_device(setup):
+    check_family(setup)
+
+
+@pytest.mark.parametrize(
+    "family, optimizer",
+    [("conv_stack", "sgd"), ("embedding", "adam"), ("lstm_tagger", "adam")],
+)
+@pytest.mark.parametrize("replicate_variables", [False, True])
+def test_xla_per_tower_matches_one_device(family, optimizer, replicate_variables):
+    # Under XLA each tower's forward and backward pass is compiled on its
+    # device (tests/step/test_xla_towers.py); one device compiles its step.
+    check_family(
+        dict(
+            family=family,
+            loss_kind="mean",
+            mask=True,
+            optimizer=optimizer,
+            towers=3,
+            batch_size=7,
+            samples=20,
+            seed=3,
+            replicate_variables=replicate_variables,
+            global_batch_loss=False,
+            jit_compile=True,
+        )
+    )
+
+
+def check_family(setup):
+    """Fits, evaluates and predicts `setup` on towers and on one device."""
     x, y, fit = data(setup)
     build = FAMILIES[setup["family"]][0]
 

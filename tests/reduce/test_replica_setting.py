@@ -7,7 +7,6 @@ import pytest
 from oracle import assert_same_history, assert_same_weights, mlp, regression_data, twin
 
 import kerastower
-from kerastower.reduce import replica_setting
 from kerastower.reduce.replica_setting import FORCE_VARIABLE, replicates
 
 CPUS = ["/job:localhost/replica:0/task:0/device:CPU:0", "/device:CPU:1"]
@@ -53,20 +52,17 @@ def test_the_default_on_logical_cpus_follows_the_variable(force, monkeypatch):
     assert (towered._tower_step.replicas is not None) is (force == "1")
 
 
-def test_auto_lets_xla_have_the_step_and_stays_exact(monkeypatch):
+def test_auto_keeps_replicas_under_xla_and_stays_exact(monkeypatch):
     monkeypatch.setenv(FORCE_VARIABLE, "1")
     x, y = regression_data(n=23)
     plain, towered = twin(mlp, 3)
-    assert towered._tower_step.replicas is not None
     for model in (plain, towered):
         model.compile(optimizer="adam", loss="mse", jit_compile=True)
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", ".*compiles the whole step")
-        histories = [
-            m.fit(x, y, batch_size=5, epochs=2, verbose=0, shuffle=False).history
-            for m in (plain, towered)
-        ]
-    assert towered._tower_step.replicas is None
+    histories = [
+        m.fit(x, y, batch_size=5, epochs=2, verbose=0, shuffle=False).history
+        for m in (plain, towered)
+    ]
+    assert towered._tower_step.replicas.built
     assert_same_history(*histories)
     assert_same_weights(plain, towered)
 
@@ -98,9 +94,3 @@ def test_auto_trains_a_step_of_ones_own_without_a_warning(monkeypatch):
     plain.fit(x, y, batch_size=5, epochs=2, verbose=0, shuffle=False)
     assert_same_weights(plain, towered)
     assert not towered._tower_step.replicas.built
-
-
-def test_keeps_replicas():
-    assert replica_setting.keeps_replicas("auto", jit_compile=False)
-    assert not replica_setting.keeps_replicas("auto", jit_compile=True)
-    assert replica_setting.keeps_replicas(True, jit_compile=True)

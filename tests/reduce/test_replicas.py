@@ -303,12 +303,19 @@ def test_default_is_unchanged_and_the_argument_round_trips(tmp_path, monkeypatch
 def test_errors():
     with pytest.raises(ValueError, match=r"at least 2 towers.*Received: devices="):
         Replicas(["/CPU:0"])
-    x, y = regression_data(n=12)
-    _, towered = twin(mlp, 2, replicate_variables=True)
 
-    towered.compile(optimizer="sgd", loss="mse", jit_compile=True)
-    with pytest.raises(ValueError, match="does not support XLA.*jit_compile=True"):
-        towered.fit(x, y, batch_size=4, verbose=0)
+
+def test_jit_compile_with_replicas_matches_one_device():
+    x, y = regression_data(n=23)
+    plain, towered = twin(batch_norm_model, 3, replicate_variables=True)
+    # SGD: the Dense bias before the normalization has a gradient of 0 up to
+    # rounding, whose sign Adam's first steps turn into +-lr (1.4e-5 apart
+    # after one step of a 2+2+1 batch, with or without XLA or replicas).
+    for model in (plain, towered):
+        model.compile(
+            optimizer=keras.optimizers.SGD(0.05), loss="mse", jit_compile=True
+        )
+    assert_trains_as_one_device(plain, towered, x, y, batch_size=5, epochs=2)
 
 
 def test_pack_and_unpack_are_inverse():
@@ -497,3 +504,18 @@ def test_gradient_accumulation_schedule_with_sparse_gradients_and_adam():
         plain.train_on_batch(x[start:stop], y[start:stop])
     assert_same_weights(plain, towered)
     assert_replicas_in_sync(towered)
+
+
+def test_a_model_without_trainable_weights_trains_as_one_device():
+    # As Keras's own `test_trainer_with_raggeds`: the optimizer clones have
+    # no gradient to apply.
+    def weightless():
+        inputs = keras.Input((5,))
+        return keras.Model(inputs, keras.layers.Activation("relu")(inputs))
+
+    x, y = regression_data(n=11, outputs=5)
+    plain, towered = twin(weightless, 3, replicate_variables=True)
+    compile_both(plain, towered, keras.optimizers.Adam(0.01))
+    ha, hb = fit_pair(plain, towered, x, y, batch_size=4)
+    assert_same_history(ha, hb)
+    assert int(towered.optimizer.iterations) == int(plain.optimizer.iterations)

@@ -86,6 +86,8 @@ def _suites(settings: Settings):
         if mirrored:
             out += [Variant("mirrored", n, jit, spe) for n in settings.towers]
         if collective:
+            # The GPU path (replicas, ring all-reduce) against stock's ring.
+            out += [Variant("tower_replicas", n, jit, spe) for n in settings.towers]
             out += [
                 Variant("mirrored_collective", n, jit, spe) for n in settings.towers
             ]

@@ -46,7 +46,8 @@ The table gives, per setup and ``N``: the most any device sent and received,
 device 0's bytes, the gradient bytes ``G`` (all trainable variables), the ring
 bound ``2 (N-1)/N * G`` (what each device sends, and receives, in a ring
 all-reduce; no all-reduce of ``G`` can move less per device), the ratio of the
-busiest direction of the busiest device to that bound, and the time that
+busiest direction of the busiest device to that bound, the collective ops
+device 0 ran in the step (all-reduces and all-gathers), and the time that
 direction takes at 12 GB/s (about what PCIe 3.0 x16 achieves) and 150 GB/s
 (NVLink on a V100), both per direction: a bandwidth-only lower bound, with no
 latency and no overlap with compute. 1 MB = 10^6 bytes.
@@ -92,6 +93,9 @@ SETUPS = {
     "tower": "kerastower.TowerModel.from_model(model, towers=N)",
     "tower_replicas": "kerastower.TowerModel.from_model(model, towers=N, "
     "replicate_variables=True): per-tower replicas, ring all-reduce",
+    "tower_replicas_buckets": "tower_replicas with "
+    "all_reduce=kerastower.AllReduceOptions(bucket_mb=2): an all-reduce per "
+    "bucket of at most 2 MB of gradients",
     "tower_replicas_accumulate": "tower_replicas with "
     "kerastower.callbacks.GradientAccumulation(2, 'carry'): measured step 1 "
     "applies a window, step 2 only accumulates",
@@ -342,6 +346,11 @@ def summarize(
         "ring_received_bytes": sum(
             t.nbytes for t in transfers if t.kind == "ring_recv"
         ),
+        "launches": sum(
+            count
+            for (_, device), count in parsed["collective_ops"].items()
+            if device == devices[0]
+        ),
         "collective_ops": [
             {"op": op, "device": device, "count": count}
             for (op, device), count in sorted(parsed["collective_ops"].items())
@@ -413,6 +422,9 @@ def _worker(model_name: str, setup: str, devices: int, batch_size: int) -> None:
                 _build(model_name),
                 towers=devices,
                 replicate_variables=setup.startswith("tower_replicas"),
+                all_reduce=kerastower.AllReduceOptions(
+                    bucket_mb=2 if setup.endswith("_buckets") else 25
+                ),
             )
         )
         if setup.endswith("_accumulate"):
@@ -557,8 +569,8 @@ def markdown_table(rows: Sequence[dict[str, Any]]) -> str:
     lines = [
         "| N | setup | max sent MB | max received MB | device 0 sent MB "
         "| device 0 received MB | gradients MB | ring bound MB "
-        "| busiest / ring bound | PCIe ms | NVLink ms |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| busiest / ring bound | collectives | PCIe ms | NVLink ms |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         lines.append(
@@ -566,7 +578,7 @@ def markdown_table(rows: Sequence[dict[str, Any]]) -> str:
             f"| {_mb(r['max_received'])} | {_mb(r['device0_sent'])} "
             f"| {_mb(r['device0_received'])} | {_mb(r['gradient_bytes'])} "
             f"| {_mb(r['ring_bound'])} | {r['ratio_to_ring_bound']:.2f} "
-            f"| {r['pcie_ms']:.2f} | {r['nvlink_ms']:.3f} |"
+            f"| {r['launches']} | {r['pcie_ms']:.2f} | {r['nvlink_ms']:.3f} |"
         )
     return "\n".join(lines) + "\n"
 

@@ -12,6 +12,7 @@ except PackageNotFoundError:  # pragma: no cover - source tree without install
     __version__ = "0.0.0"
 
 __all__ = [
+    "AllReduceOptions",
     "TowerModel",
     "TowerStrategy",
     "__version__",
@@ -39,6 +40,7 @@ if not _startup.started_as_command():
     from kerastower.devices import available_devices, configure_logical_devices
     from kerastower.model import TowerModel
     from kerastower.multi_worker import worker_strategy
+    from kerastower.reduce.ring import AllReduceOptions
     from kerastower.scaling import global_batch_size
     from kerastower.step.shards import split_sizes
     from kerastower.strategy import TowerStrategy

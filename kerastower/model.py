@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -15,6 +16,7 @@ from kerastower.entry_points import EntryPoints
 from kerastower.reduce import replica_setting
 from kerastower.reduce.accumulation import GradientAccumulator
 from kerastower.reduce.replicas import Replicas
+from kerastower.reduce.ring import AllReduceOptions
 from kerastower.step import checks, custom_step
 from kerastower.step.tower_step import TowerStep
 from kerastower.strategy import TowerStrategy
@@ -105,6 +107,9 @@ class TowerModel(EntryPoints, _keras_compat.TrainerHooks, keras.Model):
             ``$KERASTOWER_REPLICATE_VARIABLES=1`` forces it). ``True``: one
             worker; a `train_step` of your own trains without replicas
             (with a warning). Defaults to ``"auto"``.
+        all_reduce: How replicas all-reduce their gradients: a
+            `kerastower.AllReduceOptions` (buckets of 25 MB, exact, by
+            default) or the dict of one. Defaults to ``None``.
         global_batch_loss: Whether the loss is computed on the whole global
             batch from every tower's gathered predictions, instead of on
             each shard: for losses that compare the examples of a batch
@@ -135,6 +140,7 @@ class TowerModel(EntryPoints, _keras_compat.TrainerHooks, keras.Model):
         strategy: tf.distribute.Strategy | None = None,
         replicate_variables: bool | str = "auto",
         global_batch_loss: bool = False,
+        all_reduce: AllReduceOptions | dict | None = None,
         **kwargs: Any,
     ):
         checks.check_no_strategy_scope()
@@ -147,6 +153,9 @@ class TowerModel(EntryPoints, _keras_compat.TrainerHooks, keras.Model):
         self._worker_strategy = strategy
         self.replicate_variables = replica_setting.check_setting(replicate_variables)
         self.global_batch_loss = bool(global_batch_loss)
+        if isinstance(all_reduce, dict):
+            all_reduce = AllReduceOptions(**all_reduce)
+        self.all_reduce = all_reduce or AllReduceOptions()
         checks.check_one_worker_options(self)
         if functional_init_arguments(args, kwargs) and not isinstance(self, Functional):
             # `super().__init__(inputs=..., outputs=...)` in a subclass's
@@ -162,7 +171,7 @@ class TowerModel(EntryPoints, _keras_compat.TrainerHooks, keras.Model):
         if replica_setting.replicates(
             self.replicate_variables, self._tower_devices, self.num_workers
         ):
-            replicas = Replicas(self._tower_devices)
+            replicas = Replicas(self._tower_devices, self.all_reduce)
         self._tower_step = TowerStep(self, replicas)
         custom_step.warn_if_not_split(type(self), TowerModel.train_step)
 
@@ -328,6 +337,7 @@ class TowerModel(EntryPoints, _keras_compat.TrainerHooks, keras.Model):
         config["sync_batch_norm"] = self.sync_batch_norm
         config["replicate_variables"] = self.replicate_variables
         config["global_batch_loss"] = self.global_batch_loss
+        config["all_reduce"] = dataclasses.asdict(self.all_reduce)
         return config
 
     @classmethod

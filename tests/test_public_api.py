@@ -12,6 +12,7 @@ def test_top_level_names():
         [
             "TowerModel",
             "TowerStrategy",
+            "AllReduceOptions",
             "__version__",
             "available_devices",
             "batch_for_towers",

@@ -15,8 +15,8 @@ tower's device and sends its gradients back there, so that device moves about
    unchanged and the tape differentiates the replica).
 2. Each tower's weighted gradient ``g_i = (n_i / B) dL_i/dw`` (see
    `kerastower.step.tower_step`) is all-reduced: the dense gradients of one dtype
-   are packed into one buffer per tower and summed with one
-   ``CollectiveReduceV2`` (ring on CPUs, NCCL on GPUs with
+   are packed into buffers of at most 25 MB (`AllReduceOptions`), each
+   summed with one ``CollectiveReduceV2`` (ring on CPUs, NCCL on GPUs with
    ``communication_hint="auto"``), so every tower receives the same
    ``g = sum_i g_i``: the ring's all-gather copies each reduced chunk, so the
    towers' sums are bitwise identical (`kerastower.reduce.ring`). Sparse
@@ -60,7 +60,7 @@ import tensorflow as tf
 
 from kerastower import _keras_compat
 from kerastower.reduce.gradients import has_static_rows, merge_rows
-from kerastower.reduce.ring import Ring, pack, unpack
+from kerastower.reduce.ring import AllReduceOptions, Ring
 
 
 def _nothing_like(gradient: Any) -> Any:
@@ -85,18 +85,21 @@ class Replicas:
 
     Args:
         devices: The ``N`` tower devices, tower 0 first.
+        options: How the dense gradients are all-reduced (buckets,
+            compression); ``None`` for `AllReduceOptions()`.
 
     Raises:
         ValueError: If `devices` names fewer than 2 towers.
     """
 
-    def __init__(self, devices: Sequence[str]):
+    def __init__(self, devices: Sequence[str], options: AllReduceOptions | None = None):
         if len(devices) < 2:
             raise ValueError(
                 "`devices` must name at least 2 towers to replicate variables "
                 f"over. Received: devices={list(devices)}"
             )
         self.devices = list(devices)
+        self.options = options or AllReduceOptions()
         self._key: tuple | None = None
         self._primaries: list[keras.Variable] = []
         self._optimizer: Any = None
@@ -320,36 +323,33 @@ class Replicas:
         ring = Ring(self.devices, self._tokens)
         for k in sparse:
             first = per_tower[0][k]
-            ids = []
+            rows = []
             for device, grads in zip(self.devices, per_tower):
                 with tf.device(device):
                     # int64: int32 would live in a GPU's host memory.
-                    ids.append(tf.cast(grads[k].indices, tf.int64))
-            values = ring.gather_rows([t[k].values for t in per_tower])
-            indices = ring.gather_rows(ids)
+                    ids = tf.cast(grads[k].indices, tf.int64)
+                    rows.append([grads[k].values, ids])
+            gathered = ring.gather_rows(rows)
             merge = static_rows[k]
             if merge is None:
                 merge = has_static_rows([t[k] for t in per_tower])
             for tower, grads in enumerate(out):
                 with tf.device(self.devices[tower]):
+                    values, ids = gathered[tower]
                     rows = tf.IndexedSlices(
-                        values[tower],
-                        tf.cast(indices[tower], first.indices.dtype),
-                        first.dense_shape,
+                        values, tf.cast(ids, first.indices.dtype), first.dense_shape
                     )
                     grads[k] = merge_rows(rows) if merge else rows
         dense = [k for k in range(count) if k not in sparse]
         for dtype in sorted({per_tower[0][k].dtype for k in dense}, key=str):
             where = [k for k in dense if per_tower[0][k].dtype == dtype]
-            shapes = [per_tower[0][k].shape for k in where]
-            flats = []
-            for tower, grads in enumerate(per_tower):
-                with tf.device(self.devices[tower]):
-                    flats.append(pack([tf.convert_to_tensor(grads[k]) for k in where]))
-            for tower, total in enumerate(ring.sum(flats)):
-                with tf.device(self.devices[tower]):
-                    for k, value in zip(where, unpack(total, shapes)):
-                        out[tower][k] = value
+            tensors = []
+            for device, grads in zip(self.devices, per_tower):
+                with tf.device(device):
+                    tensors.append([tf.convert_to_tensor(grads[k]) for k in where])
+            for tower, sums in enumerate(ring.sum_tensors(tensors, self.options)):
+                for k, value in zip(where, sums):
+                    out[tower][k] = value
         return out
 
 

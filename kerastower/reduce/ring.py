@@ -12,11 +12,89 @@ each of ``N`` devices; an all-gather of ``R`` bytes in all, ``(N-1)/N * R``.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 
 import tensorflow as tf
 
 from kerastower.reduce import keys
+
+COMPRESSIONS = (None, "float16", "bfloat16")
+
+
+@dataclasses.dataclass(frozen=True)
+class AllReduceOptions:
+    """How `TowerModel`'s replicas all-reduce their dense gradients.
+
+    With replicas (``replicate_variables``), the towers' dense gradients of
+    one dtype are packed into buckets of at most `bucket_mb` megabytes
+    (``2**20`` bytes) each, the last layers' first, as backpropagation
+    makes them; each bucket is one ring all-reduce, which starts as soon as
+    its gradients exist, while backpropagation goes on (as PyTorch's
+    ``DistributedDataParallel`` buckets). A gradient larger than a bucket
+    has a bucket of its own.
+
+    Args:
+        bucket_mb: The most megabytes of gradients in one all-reduce, a
+            number > 0. Defaults to 25 (``DistributedDataParallel``'s
+            ``bucket_cap_mb``).
+        compression: ``None`` (the default, exact), ``"float16"`` or
+            ``"bfloat16"``: float32 buckets are cast to that dtype for the
+            all-reduce and back, which halves the bytes moved and rounds
+            every tower's gradient and the sums to 11 (float16) or 8
+            (bfloat16) significant bits, as Horovod's
+            ``Compression.fp16`` does. The model then differs from one
+            device's by that rounding (see the one-machine guide).
+
+    Raises:
+        ValueError: If `bucket_mb` is not a number > 0, or `compression` is
+            not one of ``None``, ``"float16"`` and ``"bfloat16"``.
+    """
+
+    bucket_mb: float = 25.0
+    compression: str | None = None
+
+    def __post_init__(self):
+        if isinstance(self.bucket_mb, bool) or not (
+            isinstance(self.bucket_mb, (int, float)) and self.bucket_mb > 0
+        ):
+            raise ValueError(
+                "`bucket_mb` must be a number > 0. "
+                f"Received: bucket_mb={self.bucket_mb!r}"
+            )
+        if self.compression not in COMPRESSIONS:
+            raise ValueError(
+                "`compression` must be None, 'float16' or 'bfloat16'. "
+                f"Received: compression={self.compression!r}"
+            )
+
+    @property
+    def bucket_bytes(self) -> int:
+        """`bucket_mb` in bytes."""
+        return max(1, int(self.bucket_mb * 2**20))
+
+
+def buckets(sizes: Sequence[int], cap: int) -> list[list[int]]:
+    """Groups tensors of `sizes` bytes into buckets of at most `cap` bytes.
+
+    The last tensor comes first (backpropagation makes the last layers'
+    gradients first) and consecutive tensors share a bucket while it holds
+    at most `cap` bytes; a tensor larger than `cap` is a bucket alone.
+
+    Returns:
+        The indices into `sizes` of each bucket, in ascending order within a
+        bucket; the buckets in the order they fill.
+    """
+    out: list[list[int]] = []
+    used = 0
+    for index in reversed(range(len(sizes))):
+        if out and used + sizes[index] <= cap:
+            out[-1].insert(0, index)
+            used += sizes[index]
+        else:
+            out.append([index])
+            used = sizes[index]
+    return out
 
 
 def pack(tensors: Sequence[tf.Tensor]) -> tf.Tensor:
@@ -52,38 +130,85 @@ class Ring:
         """``sum_i values[i]``, on every device; `values[i]` on device ``i``."""
         return self._launch(values, "reduce", keys.reserve())
 
-    def gather_rows(self, values: Sequence[tf.Tensor]) -> list[tf.Tensor]:
+    def sum_tensors(
+        self,
+        per_device: Sequence[Sequence[tf.Tensor]],
+        options: AllReduceOptions,
+    ) -> list[list[tf.Tensor]]:
+        """Sums lists of tensors over the devices, in buckets (`buckets`).
+
+        Args:
+            per_device: Each device's tensors, of one dtype and of the same
+                static shapes on every device, device 0's first.
+            options: The bucket size and compression.
+
+        Returns:
+            Each device's sums, in the order of its tensors.
+        """
+        first = per_device[0]
+        dtype = first[0].dtype
+        shapes = [t.shape for t in first]
+        sizes = [s.num_elements() * dtype.size for s in shapes]
+        wire = dtype
+        if options.compression and dtype == tf.float32:
+            wire = tf.as_dtype(options.compression)
+        out: list[list] = [[None] * len(first) for _ in per_device]
+        for bucket in buckets(sizes, options.bucket_bytes):
+            flats = []
+            for device, tensors in zip(self.devices, per_device):
+                with tf.device(device):
+                    flat = pack([tensors[k] for k in bucket])
+                    flats.append(tf.cast(flat, wire))
+            for i, total in enumerate(self.sum(flats)):
+                with tf.device(self.devices[i]):
+                    pieces = unpack(tf.cast(total, dtype), [shapes[k] for k in bucket])
+                for k, value in zip(bucket, pieces):
+                    out[i][k] = value
+        return out
+
+    def gather_rows(
+        self, per_device: Sequence[Sequence[tf.Tensor]]
+    ) -> list[list[tf.Tensor]]:
         """Every device's rows, concatenated in device order, on every device.
 
-        `values[i]` (on device ``i``) may have any number ``n_i`` of rows;
-        the rest of its shape is the same on every device. The row counts are
-        gathered first, each member's rows are padded to the largest count
-        for the gather (which needs equal shapes), and the padding is cut
-        off, as `tf.distribute`'s all-gather does.
+        `per_device[i]` (on device ``i``) is a list of tensors with the same
+        number ``n_i`` of rows (a sparse gradient's values and indices); the
+        rest of each tensor's shape is the same on every device. The row
+        counts are gathered once, each member's rows are padded to the
+        largest count for the gathers (which need equal shapes), and the
+        padding is cut off, as `tf.distribute`'s all-gather does.
+
+        Returns:
+            Each device's gathered tensors, in the order given.
         """
         counts = []
-        for device, value in zip(self.devices, values):
+        for device, tensors in zip(self.devices, per_device):
             with tf.device(device):
-                counts.append(tf.shape(value, out_type=tf.int64)[:1])
-        per_device = self._launch(counts, "gather", keys.reserve())
-        out = []
-        for device, value, sizes in zip(self.devices, values, per_device):
-            with tf.device(device):
-                longest = tf.reduce_max(sizes)
-                pad = [[0, longest - tf.shape(value, out_type=tf.int64)[0]]]
-                out.append(tf.pad(value, pad + [[0, 0]] * (value.shape.rank - 1)))
-        # The padded shape changes with the batch: a new key at every run.
-        gathered = self._launch(out, "gather", keys.run_key())
-        rows = []
-        for device, whole, sizes in zip(self.devices, gathered, per_device):
-            with tf.device(device):
-                longest = tf.reduce_max(sizes)
-                pieces = [
-                    whole[i * longest : i * longest + sizes[i]]
-                    for i in range(len(self.devices))
-                ]
-                rows.append(tf.concat(pieces, axis=0))
-        return rows
+                counts.append(tf.shape(tensors[0], out_type=tf.int64)[:1])
+        sizes = self._launch(counts, "gather", keys.reserve())
+        out: list[list[tf.Tensor]] = [[] for _ in per_device]
+        for k in range(len(per_device[0])):
+            padded = []
+            for device, tensors, n in zip(self.devices, per_device, sizes):
+                with tf.device(device):
+                    value = tensors[k]
+                    pad = [
+                        [0, tf.reduce_max(n) - tf.shape(value, out_type=tf.int64)[0]]
+                    ]
+                    padded.append(
+                        tf.pad(value, pad + [[0, 0]] * (value.shape.rank - 1))
+                    )
+            # The padded shape changes with the batch: a new key at every run.
+            gathered = self._launch(padded, "gather", keys.run_key())
+            for i, (device, whole, n) in enumerate(zip(self.devices, gathered, sizes)):
+                with tf.device(device):
+                    longest = tf.reduce_max(n)
+                    pieces = [
+                        whole[j * longest : j * longest + n[j]]
+                        for j in range(len(self.devices))
+                    ]
+                    out[i].append(tf.concat(pieces, axis=0))
+        return out
 
     def _launch(
         self, values: Sequence[tf.Tensor], kind: str, key: int | tf.Tensor

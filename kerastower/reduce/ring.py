@@ -114,21 +114,41 @@ def unpack(flat: tf.Tensor, shapes: Sequence[tf.TensorShape]) -> list[tf.Tensor]
 class Ring:
     """Collectives whose members are `devices`, one tensor per device.
 
+    On one worker the members are `devices`. With `span`, they are every
+    tower of every worker: each worker makes the ops of its own `devices`,
+    and every collective takes a new key at every run (`keys.run_key`), so
+    that the workers agree whichever branch of a step each one runs (all
+    its towers, or a small batch on one).
+
     Args:
-        devices: The members, tower 0 first.
+        devices: This worker's members, tower 0 first.
         tokens: One resource variable per device that orders its collectives
             (as `tf.distribute.MirroredStrategy` does); without it,
             automatic control dependencies chain the towers' collectives,
             which then wait for each other.
+        span: ``(members, timeout_seconds)`` of a group over several
+            workers: every worker's towers, and how long a collective
+            waits for the others; ``None`` for this worker's `devices`.
     """
 
-    def __init__(self, devices: Sequence[str], tokens: Sequence[tf.Variable]):
+    def __init__(
+        self,
+        devices: Sequence[str],
+        tokens: Sequence[tf.Variable],
+        span: tuple[int, float] | None = None,
+    ):
         self.devices = list(devices)
         self.tokens = list(tokens)
+        self.span = span
+        self.size = len(self.devices) if span is None else span[0]
+
+    def _key(self) -> int | tf.Tensor:
+        return keys.reserve() if self.span is None else keys.run_key()
 
     def sum(self, values: Sequence[tf.Tensor]) -> list[tf.Tensor]:
-        """``sum_i values[i]``, on every device; `values[i]` on device ``i``."""
-        return self._launch(values, "reduce", keys.reserve())
+        """``sum_i values[i]`` over every member, on each of this worker's
+        devices; `values[i]` on device ``i``."""
+        return self._launch(values, "reduce", self._key())
 
     def sum_tensors(
         self,
@@ -185,7 +205,7 @@ class Ring:
         for device, tensors in zip(self.devices, per_device):
             with tf.device(device):
                 counts.append(tf.shape(tensors[0], out_type=tf.int64)[:1])
-        sizes = self._launch(counts, "gather", keys.reserve())
+        sizes = self._launch(counts, "gather", self._key())
         out: list[list[tf.Tensor]] = [[] for _ in per_device]
         for k in range(len(per_device[0])):
             padded = []
@@ -205,7 +225,7 @@ class Ring:
                     longest = tf.reduce_max(n)
                     pieces = [
                         whole[j * longest : j * longest + n[j]]
-                        for j in range(len(self.devices))
+                        for j in range(self.size)
                     ]
                     out[i].append(tf.concat(pieces, axis=0))
         return out
@@ -213,8 +233,11 @@ class Ring:
     def _launch(
         self, values: Sequence[tf.Tensor], kind: str, key: int | tf.Tensor
     ) -> list[tf.Tensor]:
-        group = keys.group_key(self.devices)
-        size = len(self.devices)
+        if self.span is None:
+            group = keys.group_key(self.devices)
+        else:  # the same on every worker: each calls it in the same order
+            group = keys.group_key(("every tower of every worker", self.size))
+        size, timeout = self.size, 0.0 if self.span is None else self.span[1]
 
         def launch(values):
             out = []
@@ -227,6 +250,7 @@ class Ring:
                         instance_key=key,
                         ordering_token=[token.handle],
                         communication_hint="auto",
+                        timeout_seconds=timeout,
                     )
                     if kind == "reduce":
                         out.append(

@@ -17,7 +17,7 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from kerastower import _keras_compat, cluster
+from kerastower import _keras_compat, cluster, multi_worker
 from kerastower.reduce.gradients import merge_rows
 
 
@@ -109,6 +109,18 @@ def sum_over_workers(model: keras.Model, values: Any) -> Any:
     if model.num_workers == 1:
         return values
     return all_reduce_sum(model.worker_strategy, values)
+
+
+def replica_span(model: keras.Model) -> tuple[int, float]:
+    """``(towers, timeout)`` of a ring over every worker's replicas.
+
+    The towers of all workers together (workers may have different numbers),
+    from one sum over the workers, run eagerly; and how long a collective
+    may wait for the other workers (`kerastower.multi_worker.timeout`).
+    """
+    with tf.init_scope():
+        total = sum_over_workers(model, tf.constant(float(model.num_towers)))
+    return int(round(float(total))), multi_worker.timeout()
 
 
 def worker_rank(model: keras.Model) -> int:

@@ -125,20 +125,6 @@ def warn_if_state_kept(paths: list[str]) -> None:
     )
 
 
-def check_one_worker_options(model: keras.Model) -> None:
-    """Raises if an option that supports one worker is set with several.
-
-    Raises:
-        ValueError: If ``replicate_variables=True`` and the model trains on
-            several workers (``"auto"`` trains without replicas there).
-    """
-    if model.replicate_variables is True and model.num_workers > 1:
-        raise ValueError(
-            "`replicate_variables=True` supports one worker only. Received: "
-            f"replicate_variables=True with {model.num_workers} workers"
-        )
-
-
 def check_gathered_steps(model: keras.Model) -> None:
     """Raises if a step on several workers that gathers the batch would loop.
 

@@ -73,6 +73,7 @@ class TowerStep:
         # `tower_gradients`, for the sum over the workers that follows it.
         self.static_rows: set[int] = set()
         self.eager_static_rows = EagerStaticRows()
+        self.step_total = None  # the step's examples on all workers (`split_run`)
         self.loss = StepLoss(model)
 
     # -- one step ---------------------------------------------------------
@@ -121,9 +122,12 @@ class TowerStep:
                 replicas=replicas,
                 accumulator=accumulator,
             )
-            loss, gradients = workers.sum_gradients_over_workers(
-                model, loss, gradients, self.static_rows
-            )
+            if replicas is None:
+                loss, gradients = workers.sum_gradients_over_workers(
+                    model, loss, gradients, self.static_rows
+                )
+            else:  # the replicas' ring spans every worker's towers
+                loss = workers.sum_over_workers(model, loss)
         if not trainable:
             warnings.warn(
                 "The model does not have any trainable weights.", stacklevel=2
@@ -227,7 +231,6 @@ class TowerStep:
         (a `GradientAccumulator` attached to `replicas`); the gradients
         returned are tower 0's.
         """
-        batch = tf.shape(first_leaf(data))[0]
         connected: list[int] = []
 
         def tower_fn(shard, weight, losses):
@@ -260,7 +263,11 @@ class TowerStep:
             static = [static_rows[j] for j in connected]
             if replicas is not None:
                 grads = replicas.update(
-                    [t[0] for t in per_tower], connected, static, accumulator, batch
+                    [t[0] for t in per_tower],
+                    connected,
+                    static,
+                    accumulator,
+                    self.step_total,  # every worker's examples, as tower 0's
                 )
             else:
                 grads = [
@@ -311,6 +318,7 @@ class TowerStep:
         offset, total = tf.constant(0, tf.int32), tf.cast(batch, tf.float32)
         if num_workers > 1:
             offset, total = workers.batches_over_workers(model, batch)
+        self.step_total = total
         # Both branches number their cross-worker sums from one block of keys.
         block = (
             keys.StepBlock(per_call=model.global_batch_loss)

@@ -27,7 +27,9 @@ def test_auto_replicates_on_gpus_on_one_worker_only():
     # The variable decides "auto" on any device, on one worker.
     assert replicates("auto", CPUS, environ={FORCE_VARIABLE: "1"}) is True
     assert replicates("auto", GPUS, environ={FORCE_VARIABLE: "0"}) is False
-    assert replicates("auto", CPUS, 2, environ={FORCE_VARIABLE: "1"}) is False
+    # On several workers every worker decides alike, even with one tower.
+    assert replicates("auto", CPUS, 2, environ={FORCE_VARIABLE: "1"}) is True
+    assert replicates(True, CPUS[:1], 2, environ=empty) is True
     assert replicates("auto", GPUS, environ={FORCE_VARIABLE: " "}) is True
 
 

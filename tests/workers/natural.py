@@ -176,7 +176,13 @@ def main(out: str, family: str, accumulate: int = 1) -> None:
         callbacks=callbacks,
     )
     np.savez(os.path.join(out, f"worker{index}.npz"), *model.get_weights())
-    report = dict(history.history, towers=model.num_towers, workers=model.num_workers)
+    report = dict(
+        history.history,
+        towers=model.num_towers,
+        workers=model.num_workers,
+        # kerastower's own: whether the towers trained on replicas.
+        replicas=model._tower_step.replicas is not None,
+    )
     with open(os.path.join(out, f"history{index}.json"), "w") as f:
         json.dump(report, f)
 

@@ -10,8 +10,8 @@ first GPU would move about ``N`` times the bytes of a ring all-reduce per step
 the towers read the model's variables, which costs less.
 
 ``$KERASTOWER_REPLICATE_VARIABLES`` decides ``"auto"`` on any device: ``1``
-trains on replicas wherever there are several towers on one worker (so that
-tests take the GPU path on logical CPUs), ``0`` never. An explicit ``True`` or
+trains on replicas wherever there are several towers or several workers (so
+that tests take the GPU path on logical CPUs), ``0`` never. An explicit ``True`` or
 ``False`` is kept whatever the variable says.
 """
 

@@ -51,7 +51,6 @@ before `evaluate`, `predict` and the ``*_on_batch`` calls and after
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -364,55 +363,3 @@ class Replicas:
                 for k, value in zip(where, sums):
                     out[tower][k] = value
         return out
-
-
-class SyncReplicas(keras.callbacks.Callback):
-    """Makes and syncs a `TowerModel`'s replicas when `fit` begins.
-
-    `TowerModel.fit` adds it after the user's callbacks, so it sees weights
-    that theirs restored (`BackupAndRestore`, a resumed checkpoint).
-
-    Args:
-        replicas: The model's `Replicas`.
-        make: Whether to make the replicas if there are none yet; otherwise
-            only replicas that a step made are synced.
-    """
-
-    def __init__(self, replicas: Replicas, make: bool = True):
-        super().__init__()
-        self.replicas = replicas
-        self.make = make
-
-    def on_train_begin(self, logs=None):
-        if self.make and self.model.trainable_weights and self.model.optimizer:
-            self.replicas.ensure(self.model.trainable_weights, self.model.optimizer)
-        self.replicas.sync()
-
-
-def sync_callbacks(replicas: Replicas, builtin_step: bool, warn: bool = True) -> list:
-    """The callbacks `TowerModel.fit` adds for `replicas`.
-
-    Args:
-        replicas: The model's `Replicas`.
-        builtin_step: Whether the model trains with `TowerModel`'s own
-            ``train_step``. A ``train_step`` of the user's that applies its
-            gradients itself does so to the model's variables only: the
-            towers then read those (exactly, as without replicas). Replicas
-            that its call of ``super().train_step`` made are still synced.
-        warn: Whether to warn that a step of the user's trains without
-            replicas (``replicate_variables=True``; not for ``"auto"``).
-
-    Returns:
-        ``[SyncReplicas(replicas)]``, which makes the replicas only for the
-        built-in step.
-    """
-    if not builtin_step and warn:
-        warnings.warn(
-            "`replicate_variables=True` has no effect on a model with its own "
-            "`train_step`: the step applies its gradients to the model's "
-            "variables only, so every tower reads those, as without replicas "
-            "(the training is exact, with the traffic of "
-            "`replicate_variables=False`).",
-            stacklevel=3,
-        )
-    return [SyncReplicas(replicas, make=builtin_step)]

@@ -21,7 +21,13 @@ import pytest
 import scipy.sparse
 from hypothesis import given
 from hypothesis import strategies as st
-from oracle import assert_close, assert_same_history, assert_same_weights, twin
+from oracle import (
+    KERAS_MINOR,
+    assert_close,
+    assert_same_history,
+    assert_same_weights,
+    twin,
+)
 
 LENGTH, VOCAB, CLASSES = 6, 12, 3
 
@@ -187,9 +193,14 @@ def crossentropy(loss_kind):
     )
 
 
+# Keras 3.10 to 3.13 cannot fit a sparse array (a batch without an entry
+# fails in its data adapter, one device too; tests/step/test_sparse_inputs.py).
+DRAWN = sorted(f for f in FAMILIES if f != "sparse" or KERAS_MINOR >= (3, 14))
+
+
 @st.composite
 def setups(draw):
-    family = draw(st.sampled_from(sorted(FAMILIES)))
+    family = draw(st.sampled_from(DRAWN))
     loss_kind = draw(st.sampled_from(LOSSES))
     if loss_kind == "class_weight" and family in ("multi_output",) + tuple(
         f for f in FAMILIES if FAMILIES[f][2]

@@ -1,8 +1,5 @@
 """``replicate_variables="auto"``: replicas where the towers are GPUs."""
 
-import warnings
-
-import keras
 import pytest
 from oracle import assert_same_history, assert_same_weights, mlp, regression_data, twin
 
@@ -67,32 +64,3 @@ def test_auto_keeps_replicas_under_xla_and_stays_exact(monkeypatch):
     assert towered._tower_step.replicas.built
     assert_same_history(*histories)
     assert_same_weights(plain, towered)
-
-
-def test_auto_trains_a_step_of_ones_own_without_a_warning(monkeypatch):
-    monkeypatch.setenv(FORCE_VARIABLE, "1")
-
-    class OwnStep(kerastower.TowerModel):
-        def train_step(self, data):
-            x, y = data
-
-            def loss_fn(a, b):
-                return keras.ops.mean(keras.ops.square(self(a, training=True) - b))
-
-            variables = self.trainable_variables
-            grads, loss = self.tower_gradients(loss_fn, variables, x, y)
-            self.optimizer.apply_gradients(zip(grads, variables))
-            return {"loss": loss}
-
-    x, y = regression_data(n=23)
-    plain, base = mlp(), mlp()
-    towered = OwnStep(base.inputs, base.outputs, towers=3)
-    towered.set_weights(plain.get_weights())
-    for model in (plain, towered):
-        model.compile(optimizer="adam", loss="mse")
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", UserWarning)
-        towered.fit(x, y, batch_size=5, epochs=2, verbose=0, shuffle=False)
-    plain.fit(x, y, batch_size=5, epochs=2, verbose=0, shuffle=False)
-    assert_same_weights(plain, towered)
-    assert not towered._tower_step.replicas.built

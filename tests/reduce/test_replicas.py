@@ -1,5 +1,7 @@
 """``replicate_variables=True`` trains exactly as one device, replicas in sync."""
 
+import warnings
+
 import keras
 import numpy as np
 import pytest
@@ -456,7 +458,11 @@ def test_gradient_accumulation_resumed_inside_a_window(tmp_path):
     assert len(ha.history["loss"]) == 2
 
 
-def test_a_train_step_of_ones_own_warns_and_trains_without_replicas():
+@pytest.mark.parametrize("setting", [True, "auto"])
+def test_a_train_step_of_ones_own_trains_without_replicas(setting, monkeypatch):
+    # "auto" (forced on logical CPUs here) says nothing; True warns.
+    monkeypatch.setenv(replica_setting.FORCE_VARIABLE, "1")
+
     class OwnStep(kerastower.TowerModel):
         def train_step(self, data):
             x, y = data
@@ -472,11 +478,16 @@ def test_a_train_step_of_ones_own_warns_and_trains_without_replicas():
     x, y = regression_data(n=23)
     plain = mlp()
     base = mlp()
-    towered = OwnStep(base.inputs, base.outputs, towers=3, replicate_variables=True)
+    towered = OwnStep(base.inputs, base.outputs, towers=3, replicate_variables=setting)
     towered.set_weights(plain.get_weights())
     compile_both(plain, towered, keras.optimizers.Adam(0.01), metrics=())
-    with pytest.warns(UserWarning, match="has no effect on a model with its own"):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
         fit_pair(plain, towered, x, y, batch_size=5, epochs=2)
+    warned = [
+        w for w in caught if "has no effect on a model with its own" in str(w.message)
+    ]
+    assert bool(warned) is (setting is True)
     assert_same_weights(plain, towered)
     assert not towered._tower_step.replicas.built
 

@@ -70,23 +70,32 @@ def functions_without_xla(model: Any) -> Iterator[None]:
         model._jit_compile = True
 
 
-_reading = threading.local()
+_seen = threading.local()  # this thread's replica context and its tower
 
 
 def _in_tower(strategy: tf.distribute.Strategy) -> int | None:
-    """The tower whose thread is running, in `strategy`; else ``None``."""
-    if getattr(_reading, "active", False):
+    """The tower whose thread is running, in `strategy`; else ``None``.
+
+    Asked for every op a tower makes: the tower is read once per replica
+    context (reading it makes a constant op, itself asked about here).
+    """
+    if getattr(_seen, "reading", False):
         return None  # the replica id's own constant, made below
     if not tf.distribute.has_strategy() or tf.distribute.get_strategy() is not strategy:
         return None
     context = tf.distribute.get_replica_context()
     if context is None:  # a merge call: the sum across towers
         return None
-    _reading.active = True
+    cached = getattr(_seen, "tower", None)
+    if cached is not None and cached[0] is context:
+        return cached[1]
+    _seen.reading = True
     try:
-        return int(tf.get_static_value(context.replica_id_in_sync_group))
+        tower = int(tf.get_static_value(context.replica_id_in_sync_group))
     finally:
-        _reading.active = False
+        _seen.reading = False
+    _seen.tower = (context, tower)
+    return tower
 
 
 def compiled_in_towers(strategy: tf.distribute.Strategy):

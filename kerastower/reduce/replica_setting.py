@@ -24,7 +24,6 @@ from typing import Any
 import tensorflow as tf
 
 FORCE_VARIABLE = "KERASTOWER_REPLICATE_VARIABLES"
-SETTINGS = (True, False, "auto")
 
 
 def check_setting(setting: object) -> bool | str:

@@ -14,7 +14,6 @@
 
 from __future__ import annotations
 
-import warnings
 from typing import Any
 
 import keras
@@ -40,11 +39,8 @@ class EntryPoints:
         ours = [BroadcastFromChief()] if self.num_workers > 1 else []
         replicas = self._tower_step.replicas
         if replicas is not None:
-            ours += sync_callbacks(
-                replicas,
-                type(self).train_step is self._tower_train_step,
-                warn=self.replicate_variables is True,
-            )
+            builtin = type(self).train_step is self._tower_train_step
+            ours.append(SyncReplicas(replicas, builtin))
         # The launcher's heartbeat goes first, before the user's may hang.
         first = list(filter(None, [heartbeats.heartbeat_callback()]))
         if ours or first:
@@ -100,45 +96,22 @@ class SyncReplicas(keras.callbacks.Callback):
 
     Args:
         replicas: The model's `Replicas`.
-        make: Whether to make the replicas if there are none yet; otherwise
-            only replicas that a step made are synced.
+        builtin_step: Whether the model trains with `TowerModel`'s own
+            ``train_step``, whose optimizer the replicas clone. A
+            ``train_step`` of the user's applies its gradients itself, to
+            the model's variables: its replicas are made without clones and
+            refreshed in each step (`kerastower.step.custom_step`).
     """
 
-    def __init__(self, replicas: Replicas, make: bool = True):
+    def __init__(self, replicas: Replicas, builtin_step: bool = True):
         super().__init__()
         self.replicas = replicas
-        self.make = make
+        self.builtin_step = builtin_step
 
     def on_train_begin(self, logs=None):
-        if self.make and self.model.trainable_weights and self.model.optimizer:
-            self.replicas.ensure(self.model.trainable_weights, self.model.optimizer)
+        variables = self.model.trainable_weights
+        if variables and not self.builtin_step:
+            self.replicas.ensure(variables)
+        elif variables and self.model.optimizer:
+            self.replicas.ensure(variables, self.model.optimizer)
         self.replicas.sync()
-
-
-def sync_callbacks(replicas: Replicas, builtin_step: bool, warn: bool = True) -> list:
-    """The callbacks `TowerModel.fit` adds for `replicas`.
-
-    Args:
-        replicas: The model's `Replicas`.
-        builtin_step: Whether the model trains with `TowerModel`'s own
-            ``train_step``. A ``train_step`` of the user's that applies its
-            gradients itself does so to the model's variables only: the
-            towers then read those (exactly, as without replicas). Replicas
-            that its call of ``super().train_step`` made are still synced.
-        warn: Whether to warn that a step of the user's trains without
-            replicas (``replicate_variables=True``; not for ``"auto"``).
-
-    Returns:
-        ``[SyncReplicas(replicas)]``, which makes the replicas only for the
-        built-in step.
-    """
-    if not builtin_step and warn:
-        warnings.warn(
-            "`replicate_variables=True` has no effect on a model with its own "
-            "`train_step`: the step applies its gradients to the model's "
-            "variables only, so every tower reads those, as without replicas "
-            "(the training is exact, with the traffic of "
-            "`replicate_variables=False`).",
-            stacklevel=3,
-        )
-    return [SyncReplicas(replicas, make=builtin_step)]

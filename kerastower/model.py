@@ -107,8 +107,7 @@ class TowerModel(EntryPoints, _keras_compat.TrainerHooks, keras.Model):
             `kerastower.reduce.replica_setting`; on logical CPUs,
             ``$KERASTOWER_REPLICATE_VARIABLES=1`` forces it). ``True``
             replicates, on several workers in one ring over every worker's
-            towers; a `train_step` of your own trains without replicas
-            (with a warning). Defaults to ``"auto"``.
+            towers. Defaults to ``"auto"``.
         all_reduce: How replicas all-reduce their gradients: a
             `kerastower.AllReduceOptions` (buckets of 25 MB, exact, by
             default) or the dict of one. Defaults to ``None``.
@@ -237,6 +236,11 @@ class TowerModel(EntryPoints, _keras_compat.TrainerHooks, keras.Model):
     @property
     def _tower_train_step(self):
         return TowerModel.train_step
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if "train_step" in cls.__dict__:
+            cls.train_step = custom_step.over_workers(cls.__dict__["train_step"])
 
     def train_step(self, data):
         checks.check_optimizer(self.optimizer)

@@ -110,6 +110,10 @@ def one_device(workers, family, initial):
         (2, "2,3", "dense-replicas"),
         (3, "2,3,1", "embedding-replicas"),
         (2, "2,3", "masked-replicas"),
+        # A `train_step` of one's own: on replicas, each step copies the
+        # weights its optimizer updated to every tower.
+        (2, "2,3", "own_step"),
+        (2, "2,3", "own_step-replicas"),
     ],
 )
 def test_natural_script_trains_the_one_device_model(tmp_path, workers, towers, family):

@@ -7,6 +7,11 @@
   gradient (dense added, sparse rows kept as one device has them).
 - `workers`: sums, gathers and broadcasts across the workers of a
   `MultiWorkerMirroredStrategy`.
+- `ring`: the ring's collectives over the towers (`Ring`,
+  `AllReduceOptions`).
+- `ring_gradients`: gradients all-reduced and weights broadcast through a
+  `Ring`.
+- `replica_setting`: whether a model's towers train on replicas.
 - `replicas`: per-tower replicas of the variables, kept equal by a ring
   all-reduce of the gradients (``replicate_variables``).
 - `accumulation`: micro-batch windows for exact gradient accumulation.

@@ -23,7 +23,7 @@ tower's device and sends its gradients back there, so that device moves about
    gradients (`tf.IndexedSlices`) are all-gathered as rows, values and
    indices, in tower order (as `MirroredStrategy` gathers them), and each
    tower combines the rows as one device has them
-   (`kerastower.reduce.gradients`: kept, or merged by index).
+   (`kerastower.reduce.ring_gradients`).
 3. Tower 0's sum goes to the model's optimizer as without replicas; tower
    ``i >= 1`` applies its (identical) sum to its replica with its own clone
    of the optimizer (same class and settings, the same learning-rate
@@ -47,6 +47,12 @@ from the model (`Replicas.sync`) when they are made, at the start of each
 `fit` and after `load_weights`; the model's weights alone (`copy_weights`)
 before `evaluate`, `predict` and the ``*_on_batch`` calls and after
 `set_weights` (`kerastower.entry_points`).
+
+A `train_step` of one's own applies its gradients itself, to the model's
+variables: its replicas have no optimizer clones, and each call of
+`TowerModel.tower_gradients` first copies the model's variables to them
+(`Replicas.broadcast`, one more ring all-reduce), then returns tower 0's
+all-reduced sum (`Replicas.reduce`).
 """
 
 from __future__ import annotations
@@ -58,20 +64,8 @@ import keras
 import tensorflow as tf
 
 from kerastower import _keras_compat
-from kerastower.reduce.gradients import has_static_rows, merge_rows
+from kerastower.reduce import ring_gradients
 from kerastower.reduce.ring import AllReduceOptions, Ring
-
-
-def _nothing_like(gradient: Any) -> Any:
-    """A gradient that adds nothing: zeros, or slices of no rows."""
-    if isinstance(gradient, tf.IndexedSlices):
-        values = gradient.values
-        return tf.IndexedSlices(
-            tf.zeros([0, *values.shape[1:]], values.dtype),
-            tf.zeros([0], gradient.indices.dtype),
-            gradient.dense_shape,
-        )
-    return tf.zeros_like(gradient)
 
 
 class Replicas:
@@ -117,44 +111,58 @@ class Replicas:
         self._clones: list[Any] = []
         self._tokens: list[tf.Variable] = []
 
-    def ensure(self, variables: Sequence[keras.Variable], optimizer: Any) -> None:
-        """Makes the replicas of `variables` and clones of `optimizer`.
+    def ensure(
+        self, variables: Sequence[keras.Variable], optimizer: Any = None
+    ) -> None:
+        """Makes the replicas of `variables` and, given one, clones of `optimizer`.
 
-        Does nothing when they exist for these very variables and optimizer
-        (a new `compile` or a change of ``trainable`` makes new ones). Runs
-        eagerly, also while a step is traced; the optimizer is built on
-        `variables` first if it is not built yet.
+        Does nothing when they exist for these very variables (and
+        optimizer): a new `compile` or a change of ``trainable`` makes new
+        ones. Without `optimizer` (a `train_step` of one's own, which applies
+        its gradients itself) only the replicas are made, which
+        `broadcast` refreshes. Runs eagerly, also while a step is traced; the
+        optimizer is built on `variables` first if it is not built yet.
         """
-        key = (tuple(id(v) for v in variables), id(optimizer))
-        if key == self._key:
+        key = tuple(id(v) for v in variables)
+        made = key == self._key
+        if made and (optimizer is None or optimizer is self._optimizer):
             return
         with tf.init_scope():
-            if not optimizer.built:
+            if optimizer is not None and not optimizer.built:
                 optimizer.build(list(variables))
             if self._span_of is not None and self._span is None:
                 self._span = self._span_of()
-            self._primaries, self._optimizer = list(variables), optimizer
-            self._copies, self._clones, self._tokens = [], [], []
-            for device in self.devices:
-                with tf.device(device):
-                    # Orders this tower's collectives (as `MirroredStrategy`
-                    # does); without it, automatic control dependencies chain
-                    # the towers' collectives, which then wait for each other.
-                    self._tokens.append(tf.Variable(0.0, trainable=False))
-            for device in self.devices[1:]:
-                with tf.device(device):
-                    copies = [
-                        keras.Variable(tf.identity(v.value), dtype=v.dtype, name=v.name)
-                        for v in variables
-                    ]
-                    for v, copy in zip(variables, copies):
-                        # The clone applies it after each update, as Keras does.
-                        copy.constraint = v.constraint
-                    clone = _keras_compat.clone_optimizer(optimizer, variables, copies)
-                self._copies.append(copies)
-                self._clones.append(clone)
+            if not made:
+                self._make_copies(variables)
+            self._optimizer, self._clones = optimizer, []
+            if optimizer is not None:
+                for device, copies in zip(self.devices[1:], self._copies):
+                    with tf.device(device):
+                        self._clones.append(
+                            _keras_compat.clone_optimizer(optimizer, variables, copies)
+                        )
             self._key = key
             self.sync()
+
+    def _make_copies(self, variables: Sequence[keras.Variable]) -> None:
+        self._primaries = list(variables)
+        self._copies, self._tokens = [], []
+        for device in self.devices:
+            with tf.device(device):
+                # Orders this tower's collectives (as `MirroredStrategy`
+                # does); without it, automatic control dependencies chain
+                # the towers' collectives, which then wait for each other.
+                self._tokens.append(tf.Variable(0.0, trainable=False))
+        for device in self.devices[1:]:
+            with tf.device(device):
+                copies = [
+                    keras.Variable(tf.identity(v.value), dtype=v.dtype, name=v.name)
+                    for v in variables
+                ]
+                for v, copy in zip(variables, copies):
+                    # The clone applies it after each update, as Keras does.
+                    copy.constraint = v.constraint
+            self._copies.append(copies)
 
     @property
     def built(self) -> bool:
@@ -198,8 +206,13 @@ class Replicas:
         if not self.built:
             return
         with tf.init_scope():
+            for copies in self._copies:
+                for primary, copy in zip(self._primaries, copies):
+                    copy.assign(primary.value)
+            if self._optimizer is None:
+                return
             primary_state = list(self._optimizer.variables)
-            for copies, clone in zip(self._copies, self._clones):
+            for clone in self._clones:
                 state = list(clone.variables)
                 shapes = [tuple(v.shape) for v in primary_state]
                 if shapes != [tuple(v.shape) for v in state]:
@@ -210,27 +223,41 @@ class Replicas:
                         f"Received: optimizer state shapes={shapes}, expected "
                         f"{[tuple(v.shape) for v in state]}"
                     )
-                for primary, copy in zip(self._primaries, copies):
-                    copy.assign(primary.value)
                 for primary, copy in zip(primary_state, state):
                     copy.assign(primary.value)
+
+    def broadcast(self) -> None:
+        """Copies the model's variables to every replica, inside a step.
+
+        For a `train_step` of one's own, whose optimizer updates the model's
+        variables only (`kerastower.step.custom_step`): one ring all-reduce
+        on one worker (`ring_gradients.broadcast`); on several workers,
+        whose ring spans every worker's towers, tower 0 copies to this
+        worker's other towers.
+        """
+        if not self._primaries:
+            return
+        if self._span is None:
+            ring = Ring(self.devices, self._tokens)
+            values = ring_gradients.broadcast(ring, self._primaries, self.options)
+        else:
+            values = [[v.value for v in self._primaries]] * len(self.devices)
+        for device, copies, tower_values in zip(
+            self.devices[1:], self._copies, values[1:]
+        ):
+            with tf.device(device):
+                for copy, value in zip(copies, tower_values):
+                    copy.assign(value)
 
     def copies(
         self, variables: Sequence[keras.Variable], tower: int
     ) -> list[keras.Variable]:
-        """Tower `tower`'s replicas of `variables`, for it to read and
-        differentiate (see `kerastower.step.layer_updates.tower_reads`).
-
-        Raises:
-            ValueError: If `variables` are not the replicated variables.
-        """
-        if [id(v) for v in variables] != [id(v) for v in self._primaries]:
-            raise ValueError(
-                "`variables` must be the model's trainable variables that were "
-                f"replicated. Received: {len(variables)} variables, "
-                f"{len(self._primaries)} replicated"
-            )
-        return self.replica_variables(tower)
+        """Tower `tower`'s replica of each of `variables`, for it to read and
+        differentiate (see `kerastower.step.layer_updates.tower_reads`): the
+        variable itself where it is not replicated."""
+        own = self.replica_variables(tower)
+        index = {id(v): j for j, v in enumerate(self._primaries)}
+        return [own[index[id(v)]] if id(v) in index else v for v in variables]
 
     def update(
         self,
@@ -260,31 +287,8 @@ class Replicas:
             Tower 0's summed gradients, on its device, for the model's own
             optimizer.
         """
-        # A dense gradient's static shape can be partly unknown (a `Dense`
-        # kernel applied to sequences); packing needs its variable's.
-        shaped = []
-        for device, grads in zip(self.devices, per_tower):
-            with tf.device(device):
-                shaped.append(
-                    [
-                        g
-                        if isinstance(g, tf.IndexedSlices)
-                        else tf.reshape(g, self._primaries[j].shape)
-                        for g, j in zip(grads, indices)
-                    ]
-                )
-        if len(shaped) == 1:
-            # The other towers add nothing (``g + 0 == g``), through the same
-            # ring, rather than tower 0 sending its gradient to each.
-            for device in self.devices[1:]:
-                with tf.device(device):
-                    shaped.append([_nothing_like(g) for g in shaped[0]])
-        if len(shaped) != len(self.devices):
-            raise ValueError(
-                f"`per_tower` must hold 1 or {len(self.devices)} gradient lists. "
-                f"Received: {len(per_tower)}"
-            )
-        summed = self.all_reduce(shaped, static_rows)
+        variables = [self._primaries[j] for j in indices]
+        summed = self.reduce(per_tower, variables, static_rows)
         fixed = {j for j, rows in zip(indices, static_rows or []) if rows}
         for tower in range(1, len(self.devices)):
             if accumulator is None:
@@ -295,6 +299,43 @@ class Replicas:
                         tower, summed[tower], indices, batch_size, fixed
                     )
         return summed[0]
+
+    def reduce(
+        self,
+        per_tower: Sequence[Sequence[Any]],
+        variables: Sequence[Any],
+        static_rows: Sequence[bool | None] | None = None,
+    ) -> list[list[Any]]:
+        """All-reduces the towers' gradients of `variables`; every tower gets
+        the sum on its device (see `all_reduce`).
+
+        `per_tower` holds each tower's gradients, tower 0 first, or one list
+        when the batch ran whole on tower 0: the other towers then add
+        nothing (``g + 0 == g``) through the same ring, rather than tower 0
+        sending its gradient to each.
+        """
+        # A dense gradient's static shape can be partly unknown (a `Dense`
+        # kernel applied to sequences); packing needs its variable's.
+        shaped = []
+        for device, grads in zip(self.devices, per_tower):
+            with tf.device(device):
+                shaped.append(
+                    [
+                        g if isinstance(g, tf.IndexedSlices) else tf.reshape(g, v.shape)
+                        for g, v in zip(grads, variables)
+                    ]
+                )
+        if len(shaped) == 1:
+            for device in self.devices[1:]:
+                with tf.device(device):
+                    shaped.append([ring_gradients.nothing_like(g) for g in shaped[0]])
+        if len(shaped) != len(self.devices):
+            raise ValueError(
+                f"`per_tower` must hold 1 or {len(self.devices)} gradient lists. "
+                f"Received: {len(per_tower)}"
+            )
+        ring = Ring(self.devices, self._tokens, self._span)
+        return ring_gradients.all_reduce(ring, shaped, static_rows, self.options)
 
     def apply(self, tower: int, gradients: Sequence[Any], indices: Sequence[int]):
         """Applies `gradients` to tower `tower`'s replicas at `indices`.
@@ -312,54 +353,3 @@ class Replicas:
                 if len(state.shape) == 0:  # iterations, learning rate, scale
                     state.assign(primary.value)
             clone.apply_gradients(zip(gradients, [copies[j] for j in indices]))
-
-    def all_reduce(
-        self,
-        per_tower: Sequence[Sequence[Any]],
-        static_rows: Sequence[bool | None] | None = None,
-    ) -> list[list[Any]]:
-        """Sums the towers' gradients; every tower gets the sum on its device.
-
-        Dense gradients of one dtype go in one packed ring all-reduce; the
-        rows of sparse ones are all-gathered, and combined on each tower as
-        `kerastower.reduce.gradients.sum_gradients` combines them.
-        """
-        count = len(per_tower[0])
-        static_rows = static_rows or [None] * count
-        out = [[None] * count for _ in per_tower]
-        sparse = [
-            k
-            for k in range(count)
-            if all(isinstance(t[k], tf.IndexedSlices) for t in per_tower)
-        ]
-        ring = Ring(self.devices, self._tokens, self._span)
-        for k in sparse:
-            first = per_tower[0][k]
-            rows = []
-            for device, grads in zip(self.devices, per_tower):
-                with tf.device(device):
-                    # int64: int32 would live in a GPU's host memory.
-                    ids = tf.cast(grads[k].indices, tf.int64)
-                    rows.append([grads[k].values, ids])
-            gathered = ring.gather_rows(rows)
-            merge = static_rows[k]
-            if merge is None:
-                merge = has_static_rows([t[k] for t in per_tower])
-            for tower, grads in enumerate(out):
-                with tf.device(self.devices[tower]):
-                    values, ids = gathered[tower]
-                    rows = tf.IndexedSlices(
-                        values, tf.cast(ids, first.indices.dtype), first.dense_shape
-                    )
-                    grads[k] = merge_rows(rows) if merge else rows
-        dense = [k for k in range(count) if k not in sparse]
-        for dtype in sorted({per_tower[0][k].dtype for k in dense}, key=str):
-            where = [k for k in dense if per_tower[0][k].dtype == dtype]
-            tensors = []
-            for device, grads in zip(self.devices, per_tower):
-                with tf.device(device):
-                    tensors.append([tf.convert_to_tensor(grads[k]) for k in where])
-            for tower, sums in enumerate(ring.sum_tensors(tensors, self.options)):
-                for k, value in zip(where, sums):
-                    out[tower][k] = value
-        return out

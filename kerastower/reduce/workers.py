@@ -11,6 +11,7 @@ whatever its number of towers.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
@@ -191,33 +192,59 @@ def sum_gradients_over_workers(
     return summed[0], gradients
 
 
+_SUMMING = threading.local()  # inside `metric_results_over_workers`
+
+
 def metric_results_over_workers(
-    model: keras.Model, update_metrics: Callable[[], Any]
-) -> dict:
+    model: keras.Model, update_metrics: Callable[[], Any], keep_logs: bool = False
+) -> Any:
     """Runs `update_metrics` and makes every metric of `model` count all workers.
 
     Keras metrics keep additive state (totals and counts), so summing each
     worker's change of state gives the state of one metric fed every worker's
-    examples.
+    examples. Nested calls (the built-in step called from a `train_step` of
+    one's own, see `kerastower.step.custom_step.over_workers`) sum once, in
+    the outermost.
 
     Args:
         model: A `kerastower.TowerModel`.
         update_metrics: A function updating the metrics with this worker's
             examples.
+        keep_logs: Whether to return what `update_metrics` returns (a
+            ``train_step``'s logs), with each entry named after a metric
+            replaced by its result over all workers.
 
     Returns:
-        The model's metric results, over all workers.
+        The model's metric results, over all workers, or the logs.
     """
-    if model.num_workers == 1:
+    if model.num_workers == 1 or getattr(_SUMMING, "active", False):
         return update_metrics()
     variables = [v for m in model.metrics for v in m.variables]
     before = [tf.identity(v) for v in variables]
-    with tf.control_dependencies(before):
-        update_metrics()
+    _SUMMING.active = True
+    try:
+        with tf.control_dependencies(before):
+            logs = update_metrics()
+    finally:
+        _SUMMING.active = False
     deltas = [v - b for v, b in zip(variables, before)]
     for variable, old, delta in zip(variables, before, sum_over_workers(model, deltas)):
         variable.assign(old + delta)
-    return model.get_metrics_result()
+    results = model.get_metrics_result()
+    if not keep_logs:
+        return results
+    if not isinstance(logs, dict):
+        return logs
+
+    def refreshed(entries):
+        return {
+            name: refreshed(value)
+            if isinstance(value, dict)
+            else results.get(name, value)
+            for name, value in entries.items()
+        }
+
+    return refreshed(logs)
 
 
 def broadcast_from_chief(

@@ -3,11 +3,17 @@
 `TowerModel.tower_gradients` (documented there) checks its arguments here
 and then runs one device's `tf.GradientTape` code, or the towers through
 `TowerStep.tower_gradients`, the routine of the built-in training step: the
-same splitting, loss weighting and sparse-exact gradient sum.
+same splitting, loss weighting and sparse-exact gradient sum. With replicas
+(``replicate_variables``) the step's own optimizer updates the model's
+variables only: each call first copies them to the replicas the towers read
+(`Replicas.broadcast`, a ring all-reduce), and the towers' gradients are
+ring all-reduced, tower 0's sum returned.
 """
 
 from __future__ import annotations
 
+import functools
+import inspect
 import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -47,15 +53,48 @@ def tower_gradients(
                 loss, outputs = tower_loss(tensors)
             gradients = tape.gradient(loss, variables)
     else:
+        replicas = step.replicas if model.trainable_weights else None
+        if replicas is not None:
+            # The step's optimizer updates the model's variables only.
+            replicas.ensure(model.trainable_weights)
+            replicas.broadcast()
         gradients, loss, outputs, _ = step.tower_gradients(
-            tower_loss, variables, tensors
+            tower_loss, variables, tensors, replicas=replicas, update_replicas=False
         )
-        loss, gradients = workers.sum_gradients_over_workers(
-            model, loss, gradients, step.static_rows
-        )
+        if replicas is None:
+            loss, gradients = workers.sum_gradients_over_workers(
+                model, loss, gradients, step.static_rows
+            )
+        else:  # the replicas' ring spans every worker's towers
+            loss = workers.sum_over_workers(model, loss)
     if has_aux:
         return gradients, loss, outputs
     return gradients, loss
+
+
+def over_workers(train_step: Callable) -> Callable:
+    """Wraps a subclass's own `train_step` for several workers.
+
+    On several workers the metrics that the step updates (its loss tracker,
+    ``self.compute_metrics``) count every worker's examples, as the built-in
+    step's do, and the logs it returns under a metric's name hold that
+    metric's result over all workers
+    (`kerastower.reduce.workers.metric_results_over_workers`). On one
+    worker the step runs as written.
+    """
+    if getattr(train_step, "kerastower_over_workers", False):
+        return train_step
+
+    @functools.wraps(train_step)
+    def wrapped(self, data):
+        if self.num_workers == 1:
+            return train_step(self, data)
+        return workers.metric_results_over_workers(
+            self, lambda: train_step(self, data), keep_logs=True
+        )
+
+    wrapped.kerastower_over_workers = True
+    return wrapped
 
 
 def warn_if_not_split(cls: type, tower_train_step: Callable) -> None:
@@ -65,7 +104,7 @@ def warn_if_not_split(cls: type, tower_train_step: Callable) -> None:
     ``self.tower_gradients`` through a helper of its own still warns.
     """
     train_step = cls.train_step
-    code = getattr(train_step, "__code__", None)
+    code = getattr(inspect.unwrap(train_step), "__code__", None)
     if train_step is tower_train_step or (
         code is not None and "tower_gradients" in code.co_names
     ):

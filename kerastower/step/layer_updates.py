@@ -157,8 +157,8 @@ def tower_reads(
     loss; it yields the variables to differentiate. Tower 0 reads and
     assigns the model's variables (`variables` itself is yielded). Any other
     tower reads `state` for the non-trainable weights and, for the trainable
-    ones, its replicas (``replicas.copies(variables, tower)``, yielded) or
-    the model's variables (`variables`, yielded), through a
+    ones, its replicas (``replicas.copies(variables, tower)`` of `variables`
+    are yielded) or the model's variables (`variables`, yielded), through a
     `keras.StatelessScope`; when it closes, the tower's assignments to
     variables that are not the model's weights are made.
 
@@ -176,10 +176,17 @@ def tower_reads(
     if tower == 0:
         yield list(variables)
         return
-    read = list(variables) if replicas is None else replicas.copies(variables, tower)
+
+    def reads(variables):
+        if replicas is None:
+            return list(variables)
+        return replicas.copies(variables, tower)
+
+    read = reads(variables)
     mapping = list(zip(variables, read))
     mapped = {id(v) for v in variables}
-    mapping += [(v, v) for v in model.trainable_weights if id(v) not in mapped]
+    others = [v for v in model.trainable_weights if id(v) not in mapped]
+    mapping += list(zip(others, reads(others)))
     mapping += [
         (v, value) for v, value in state.values + state.metrics if id(v) not in mapped
     ]

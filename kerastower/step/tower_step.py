@@ -218,6 +218,7 @@ class TowerStep:
         scale_loss=None,
         replicas=None,
         accumulator=None,
+        update_replicas=True,
     ):
         """The one-device gradients and loss of `data`, from the towers.
 
@@ -228,8 +229,9 @@ class TowerStep:
         With `replicas` (a `kerastower.reduce.replicas.Replicas` of `variables`),
         each tower reads its replicas, and the replicas are updated with the
         all-reduced gradients, or add them to their windows of `accumulator`
-        (a `GradientAccumulator` attached to `replicas`); the gradients
-        returned are tower 0's.
+        (a `GradientAccumulator` attached to `replicas`), or, without
+        `update_replicas`, left as they are; the gradients returned are
+        tower 0's.
         """
         connected: list[int] = []
 
@@ -261,19 +263,18 @@ class TowerStep:
                 rows = rows if traced is None else j in traced
                 static_rows[j] = static_rows.get(j, True) and rows
             static = [static_rows[j] for j in connected]
-            if replicas is not None:
+            grads = [t[0] for t in per_tower]
+            if replicas is None:
+                grads = [sum_gradients(g, rows) for g, rows in zip(zip(*grads), static)]
+            elif update_replicas:  # `step_total`: every worker's examples
                 grads = replicas.update(
-                    [t[0] for t in per_tower],
-                    connected,
-                    static,
-                    accumulator,
-                    self.step_total,  # every worker's examples, as tower 0's
+                    grads, connected, static, accumulator, self.step_total
                 )
             else:
-                grads = [
-                    sum_gradients([t[0][k] for t in per_tower], rows)
-                    for k, rows in enumerate(static)
-                ]
+                grads = replicas.reduce(
+                    grads, [variables[j] for j in connected], static
+                )
+                grads = grads[0]
             return grads, loss, outputs, per_output, masks
 
         with layer_updates.step_state(self.model, replicas) as state:

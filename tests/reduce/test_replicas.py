@@ -458,38 +458,73 @@ def test_gradient_accumulation_resumed_inside_a_window(tmp_path):
     assert len(ha.history["loss"]) == 2
 
 
-@pytest.mark.parametrize("setting", [True, "auto"])
-def test_a_train_step_of_ones_own_trains_without_replicas(setting, monkeypatch):
-    # "auto" (forced on logical CPUs here) says nothing; True warns.
-    monkeypatch.setenv(replica_setting.FORCE_VARIABLE, "1")
+class OwnStep(kerastower.TowerModel):
+    def train_step(self, data):
+        x, y = data
 
-    class OwnStep(kerastower.TowerModel):
-        def train_step(self, data):
-            x, y = data
+        def loss_fn(a, b):
+            return keras.ops.mean(keras.ops.square(self(a, training=True) - b))
 
-            def loss_fn(a, b):
-                return keras.ops.mean(keras.ops.square(self(a, training=True) - b))
+        variables = self.trainable_variables
+        grads, loss = self.tower_gradients(loss_fn, variables, x, y)
+        self.optimizer.apply_gradients(zip(grads, variables))
+        return {"loss": loss}
 
-            variables = self.trainable_variables
-            grads, loss = self.tower_gradients(loss_fn, variables, x, y)
-            self.optimizer.apply_gradients(zip(grads, variables))
-            return {"loss": loss}
 
-    x, y = regression_data(n=23)
-    plain = mlp()
-    base = mlp()
+def own_step_twin(setting):
+    plain, base = mlp(), mlp()
     towered = OwnStep(base.inputs, base.outputs, towers=3, replicate_variables=setting)
     towered.set_weights(plain.get_weights())
     compile_both(plain, towered, keras.optimizers.Adam(0.01), metrics=())
+    return plain, towered
+
+
+@pytest.mark.parametrize("setting", [True, "auto"])
+def test_a_train_step_of_ones_own_trains_on_replicas(setting, monkeypatch):
+    monkeypatch.setenv(replica_setting.FORCE_VARIABLE, "1")  # "auto" on CPUs
+    x, y = regression_data(n=23)
+    plain, towered = own_step_twin(setting)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         fit_pair(plain, towered, x, y, batch_size=5, epochs=2)
-    warned = [
-        w for w in caught if "has no effect on a model with its own" in str(w.message)
-    ]
-    assert bool(warned) is (setting is True)
+    assert not [w for w in caught if "replicate_variables" in str(w.message)]
     assert_same_weights(plain, towered)
-    assert not towered._tower_step.replicas.built
+    replicas = towered._tower_step.replicas
+    assert replicas.built and not replicas._clones  # the step's own optimizer
+    towered.evaluate(x, y, verbose=0)  # copies the last update to the replicas
+    for tower in (1, 2):
+        for primary, copy in zip(
+            towered.trainable_weights, replicas.replica_variables(tower)
+        ):
+            np.testing.assert_array_equal(copy.numpy(), primary.numpy())
+
+
+def test_a_train_step_of_ones_own_reads_replicas_that_each_step_refreshes(
+    monkeypatch,
+):
+    x, y = regression_data(n=9)
+    plain, towered = own_step_twin(True)
+    towered.train_step((x, y))  # makes the replicas
+    plain.train_on_batch(x, y)
+    replicas = towered._tower_step.replicas
+
+    def spoil_the_replicas():
+        for tower in (1, 2):
+            for copy in replicas.replica_variables(tower):
+                copy.assign(copy.numpy() + 1.0)
+
+    spoil_the_replicas()
+    towered.train_step((x, y))
+    plain.train_on_batch(x, y)
+    assert_same_weights(plain, towered)
+    # Without the copy at the start of the step, towers 1 and 2 would read
+    # what the replicas hold.
+    monkeypatch.setattr(Replicas, "broadcast", lambda self: None)
+    spoil_the_replicas()
+    towered.train_step((x, y))
+    plain.train_on_batch(x, y)
+    difference = np.abs(plain.get_weights()[0] - towered.get_weights()[0]).max()
+    assert difference > 1e-3
 
 
 def test_gradient_accumulation_schedule_with_sparse_gradients_and_adam():

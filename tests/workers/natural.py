@@ -7,7 +7,7 @@ tests start it through ``kerastower launch``). The towers are the logical
 CPUs that ``kerastower launch --towers`` asks for.
 
 ``python natural.py OUT FAMILY [K]`` trains the model `FAMILY` ("dense",
-"from_model", "subclassed", "embedding", "masked", "spectral" or
+"from_model", "subclassed", "own_step", "embedding", "masked", "spectral" or
 "contrastive") on this worker's
 examples, accumulating `K` micro-batches per update when given, and writes
 the initial weights (chief), the final weights and the history to ``OUT``.
@@ -50,6 +50,23 @@ class Subclassed(kerastower.TowerModel):
 
     def call(self, x):
         return self.out(self.hidden(x))
+
+
+class OwnStep(kerastower.TowerModel):
+    """A `train_step` of one's own, as keras.io's "customizing fit" writes it."""
+
+    def train_step(self, data):
+        x, y = data
+
+        def loss_fn(x, y):
+            return self.compute_loss(x, y, self(x, training=True))
+
+        variables = self.trainable_variables
+        grads, loss = self.tower_gradients(loss_fn, variables, x, y)
+        self.optimizer.apply_gradients(zip(grads, variables))
+        for metric in self.metrics:  # the loss tracker: `loss` is global
+            metric.update_state(loss, sample_weight=keras.ops.shape(x)[0])
+        return {m.name: m.result() for m in self.metrics}
 
 
 class Positions(keras.layers.Layer):
@@ -111,6 +128,8 @@ def compile_arguments(family: str) -> dict:
             optimizer=keras.optimizers.Adam(0.01),
             loss=keras.losses.Circle(gamma=4.0),
         )
+    if family == "own_step":  # its step updates the loss tracker only
+        return dict(optimizer=keras.optimizers.Adam(0.01), loss="mse")
     return dict(optimizer=keras.optimizers.Adam(0.01), loss="mse", metrics=["mae"])
 
 
@@ -152,6 +171,8 @@ def build(family: str, seed: int):
     outputs = out(hidden(inputs))
     if family == "from_model":
         return kerastower.TowerModel.from_model(keras.Model(inputs, outputs))
+    if family == "own_step":
+        return OwnStep(inputs, outputs)
     return kerastower.TowerModel(inputs, outputs)
 
 

@@ -1,0 +1,123 @@
+"""Gradients and weights through a `Ring`: what keeps replicas equal.
+
+- `all_reduce`: every tower's gradients summed, the sum on every tower. Dense
+  gradients of one dtype are packed into buckets, each one ring all-reduce
+  (`Ring.sum_tensors`); sparse ones (`tf.IndexedSlices`) are all-gathered as
+  rows, values and indices, in tower order (as `MirroredStrategy` gathers
+  them), and each tower combines the rows as one device has them
+  (`kerastower.reduce.gradients`: kept, or merged by index).
+- `broadcast`: tower 0's weights on every tower, as one ring all-reduce of
+  ``W`` bytes to which tower 0 adds the weights and every other tower
+  ``-0.0``, the identity of floating-point addition (``w + -0.0 == w`` for
+  every ``w``, ``-0.0`` included): each device moves ``2 (N-1)/N * W``
+  bytes, where sending a copy to each tower would move ``(N-1) * W``
+  through the first.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import tensorflow as tf
+
+from kerastower.reduce.gradients import has_static_rows, merge_rows
+from kerastower.reduce.ring import AllReduceOptions, Ring
+
+
+def nothing_like(gradient: Any) -> Any:
+    """A gradient that adds nothing: zeros, or slices of no rows."""
+    if isinstance(gradient, tf.IndexedSlices):
+        values = gradient.values
+        return tf.IndexedSlices(
+            tf.zeros([0, *values.shape[1:]], values.dtype),
+            tf.zeros([0], gradient.indices.dtype),
+            gradient.dense_shape,
+        )
+    return tf.zeros_like(gradient)
+
+
+def all_reduce(
+    ring: Ring,
+    per_tower: Sequence[Sequence[Any]],
+    static_rows: Sequence[bool | None] | None,
+    options: AllReduceOptions,
+) -> list[list[Any]]:
+    """Sums the towers' gradients; every tower gets the sum on its device.
+
+    Args:
+        ring: The collectives over the towers (``ring.devices``).
+        per_tower: Each tower's gradients, dense ones of their variables'
+            static shapes, tower 0's first.
+        static_rows: Per gradient, `kerastower.reduce.gradients.sum_gradients`'s
+            ``static_rows`` for sparse ones (``None``: from the shapes).
+        options: The dense buckets' size and compression.
+
+    Returns:
+        Each tower's sums, in the order of its gradients.
+    """
+    devices = ring.devices
+    count = len(per_tower[0])
+    static_rows = static_rows or [None] * count
+    out: list[list[Any]] = [[None] * count for _ in per_tower]
+    sparse = [
+        k
+        for k in range(count)
+        if all(isinstance(t[k], tf.IndexedSlices) for t in per_tower)
+    ]
+    for k in sparse:
+        first = per_tower[0][k]
+        rows = []
+        for device, grads in zip(devices, per_tower):
+            with tf.device(device):
+                # int64: int32 would live in a GPU's host memory.
+                ids = tf.cast(grads[k].indices, tf.int64)
+                rows.append([grads[k].values, ids])
+        gathered = ring.gather_rows(rows)
+        merge = static_rows[k]
+        if merge is None:
+            merge = has_static_rows([t[k] for t in per_tower])
+        for tower, grads in enumerate(out):
+            with tf.device(devices[tower]):
+                values, ids = gathered[tower]
+                rows = tf.IndexedSlices(
+                    values, tf.cast(ids, first.indices.dtype), first.dense_shape
+                )
+                grads[k] = merge_rows(rows) if merge else rows
+    dense = [k for k in range(count) if k not in sparse]
+    for dtype in sorted({per_tower[0][k].dtype for k in dense}, key=str):
+        where = [k for k in dense if per_tower[0][k].dtype == dtype]
+        tensors = []
+        for device, grads in zip(devices, per_tower):
+            with tf.device(device):
+                tensors.append([tf.convert_to_tensor(grads[k]) for k in where])
+        for tower, sums in enumerate(ring.sum_tensors(tensors, options)):
+            for k, value in zip(where, sums):
+                out[tower][k] = value
+    return out
+
+
+def broadcast(
+    ring: Ring, variables: Sequence[Any], options: AllReduceOptions
+) -> list[list[tf.Tensor]]:
+    """The values of `variables` (on tower 0) on every tower, exactly.
+
+    One uncompressed ring all-reduce per dtype, in buckets of
+    ``options.bucket_mb``; see the module docstring.
+
+    Returns:
+        Each tower's values, in the order of `variables`.
+    """
+    exact = AllReduceOptions(bucket_mb=options.bucket_mb)
+    out: list[list[Any]] = [[None] * len(variables) for _ in ring.devices]
+    for dtype in sorted({v.dtype for v in variables}, key=str):
+        where = [j for j, v in enumerate(variables) if v.dtype == dtype]
+        per_tower = [[variables[j].value for j in where]]
+        for device in ring.devices[1:]:
+            with tf.device(device):
+                zero = tf.constant(-0.0, dtype)
+                per_tower.append([tf.fill(variables[j].shape, zero) for j in where])
+        for tower, sums in enumerate(ring.sum_tensors(per_tower, exact)):
+            for j, value in zip(where, sums):
+                out[tower][j] = value
+    return out

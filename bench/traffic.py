@@ -99,6 +99,9 @@ SETUPS = {
     "tower_replicas_accumulate": "tower_replicas with "
     "kerastower.callbacks.GradientAccumulation(2, 'carry'): measured step 1 "
     "applies a window, step 2 only accumulates",
+    "tower_replicas_own_step": "tower_replicas with a train_step of its own "
+    "(self.tower_gradients, then self.optimizer.apply_gradients): each step "
+    "also copies the weights to the replicas through the ring",
     "mirrored_ring": "tf.distribute.MirroredStrategy(devices): default "
     "cross-device ops, CollectiveAllReduce with the RING implementation on CPUs",
     "mirrored_one": "tf.distribute.MirroredStrategy(devices, "
@@ -415,10 +418,23 @@ def _worker(model_name: str, setup: str, devices: int, batch_size: int) -> None:
         )
         return model
 
+    class OwnStep(kerastower.TowerModel):
+        def train_step(self, data):
+            x, y = data
+
+            def loss_fn(x, y):
+                return self.compute_loss(x, y, self(x, training=True))
+
+            variables = self.trainable_variables
+            grads, loss = self.tower_gradients(loss_fn, variables, x, y)
+            self.optimizer.apply_gradients(zip(grads, variables))
+            return {"loss": loss}
+
     callbacks = []
     if setup.startswith("tower"):
+        towered = OwnStep if setup.endswith("_own_step") else kerastower.TowerModel
         model = compiled(
-            kerastower.TowerModel.from_model(
+            towered.from_model(
                 _build(model_name),
                 towers=devices,
                 replicate_variables=setup.startswith("tower_replicas"),

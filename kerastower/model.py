@@ -103,7 +103,8 @@ class TowerModel(EntryPoints, _keras_compat.TrainerHooks, keras.Model):
             `kerastower.reduce.replicas`): no device moves much more than
             ``2 (N-1)/N`` times the gradient bytes per step, instead of about
             ``N`` times that on the first tower. ``"auto"`` replicates when
-            every tower is a GPU, on one worker (see
+            every tower is a GPU, on one worker, and for a `train_step` of
+            your own on 5 GPUs or more (see
             `kerastower.reduce.replica_setting`; on logical CPUs,
             ``$KERASTOWER_REPLICATE_VARIABLES=1`` forces it). ``True``
             replicates, on several workers in one ring over every worker's
@@ -169,7 +170,10 @@ class TowerModel(EntryPoints, _keras_compat.TrainerHooks, keras.Model):
         self._tower_strategy = None
         replicas = None
         if replica_setting.replicates(
-            self.replicate_variables, self._tower_devices, self.num_workers
+            self.replicate_variables,
+            self._tower_devices,
+            self.num_workers,
+            own_step=type(self).train_step is not TowerModel.train_step,
         ):
             span = None
             if self.num_workers > 1:

@@ -4,7 +4,8 @@
 ``"auto"`` (the default). ``"auto"`` replicates where the towers are separate
 accelerators, the case replicas are for: every tower on its own GPU, on one
 worker (``True`` or the variable below replicate on several workers too, in
-one ring over every worker's towers). There, without replicas, the
+one ring over every worker's towers); for a `train_step` of one's own, on 5
+GPUs or more. There, without replicas, the
 first GPU would move about ``N`` times the bytes of a ring all-reduce per step
 (see `kerastower.reduce.replicas`). On logical CPUs, which share one memory,
 the towers read the model's variables, which costs less.
@@ -64,11 +65,19 @@ def on_accelerators(devices: Sequence[str]) -> bool:
     )
 
 
+# A `train_step` of one's own broadcasts the weights through the ring in each
+# step, so its busiest device moves about twice the ring bound, against
+# ``N / 2`` times without replicas (`python -m bench.traffic`): replicas pay
+# from 5 towers on.
+OWN_STEP_MIN_TOWERS = 5
+
+
 def replicates(
     setting: bool | str,
     devices: Sequence[str],
     num_workers: int = 1,
     environ: Mapping[str, str] | None = None,
+    own_step: bool = False,
 ) -> bool:
     """Whether towers on `devices` train on replicas of the variables.
 
@@ -78,13 +87,16 @@ def replicates(
         num_workers: The number of workers training together.
         environ: The environment to read ``$KERASTOWER_REPLICATE_VARIABLES``
             from; ``None`` for `os.environ`.
+        own_step: Whether the model trains with a `train_step` of its own,
+            which applies its gradients itself.
 
     Returns:
         ``False`` for one tower on one worker (on several, every worker
         decides alike, whatever its towers: they share one ring); `setting`
         when it is a bool; for ``"auto"``, the environment variable's value
         when set, else whether this is one worker whose towers are all
-        accelerators.
+        accelerators, at least `OWN_STEP_MIN_TOWERS` of them for
+        `own_step`.
     """
     setting = check_setting(setting)
     if num_workers == 1 and len(devices) < 2:
@@ -94,6 +106,8 @@ def replicates(
     force = forced(environ)
     if force is not None:
         return force
+    if own_step and len(devices) < OWN_STEP_MIN_TOWERS:
+        return False
     return num_workers == 1 and on_accelerators(devices)
 
 

@@ -30,6 +30,16 @@ def test_auto_replicates_on_gpus_on_one_worker_only():
     assert replicates("auto", GPUS, environ={FORCE_VARIABLE: " "}) is True
 
 
+def test_auto_replicates_a_train_step_of_ones_own_on_five_gpus_or_more():
+    empty: dict[str, str] = {}
+    eight = [f"/GPU:{i}" for i in range(8)]
+    assert replicates("auto", eight[:4], environ=empty, own_step=True) is False
+    assert replicates("auto", eight[:5], environ=empty, own_step=True) is True
+    assert replicates("auto", eight, environ=empty, own_step=True) is True
+    assert replicates(True, eight[:2], environ=empty, own_step=True) is True
+    assert replicates("auto", CPUS, environ={FORCE_VARIABLE: "1"}, own_step=True)
+
+
 def test_bad_settings_are_refused():
     with pytest.raises(ValueError, match="must be True, False or 'auto'.*=1"):
         replicates(1, CPUS)

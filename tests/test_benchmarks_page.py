@@ -241,6 +241,14 @@ def test_the_one_machine_guide_quotes_traffic_json():
         )
         + " times the ring bound at 2, 4 and 8 towers",
     ]
+    own = figures.span(
+        rows["tower_replicas_own_step", n]["ratio_to_ring_bound"] for n in (2, 4, most)
+    )
+    phrases.append(
+        f"moves {own} times the ring bound at 2, 4 and 8 towers (the gradients' "
+        f"ring and the weights'), against {ratios[0]}, {ratios[1]} and "
+        f"{ratios[2]} times without replicas"
+    )
     embedding = {
         (row["setup"], row["towers"]): row
         for row in _load("traffic_embedding.json")["rows"]

@@ -214,3 +214,19 @@ def test_gather_quick_run_times_the_three_variants(tmp_path):
     expected = statistics.median(g / s for g, s in zip(gathered, shards))
     assert result["ratios"]["gathered/shards"] == round(expected, 3)
     assert "| gathered / shards |" in (tmp_path / "gather.md").read_text()
+
+
+@pytest.mark.slow
+def test_trace_once_mechanisms_take_the_same_step(tmp_path):
+    from bench import trace_once
+
+    results = trace_once.run(["convbn"], towers=2, out=tmp_path, log=lambda _: None)
+    rows = {row["mechanism"]: row for row in results["rows"]}
+    assert set(rows) == set(trace_once.MECHANISMS)
+    # Traced once or per tower, the towers take the same step.
+    for mechanism in ("once", "once_noinline"):
+        assert rows[mechanism]["loss"] == pytest.approx(rows["copies"]["loss"], 1e-6)
+        # The step's own graph calls the tower function instead of holding it.
+        assert rows[mechanism]["step_ops"] < rows["copies"]["step_ops"] / 2
+    assert rows["plain"]["total_ratio"] == 1.0
+    assert "| convbn | once_noinline | 2 |" in (tmp_path / "trace_once.md").read_text()

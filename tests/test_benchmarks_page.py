@@ -169,6 +169,24 @@ def test_first_step_figures_match_trace_json():
     )
 
 
+def test_trace_once_figures_match_trace_once_json():
+    rows = {
+        (row["model"], row["mechanism"]): row
+        for row in _load("trace_once.json")["rows"]
+    }
+    ratio = {m: rows["resnet50", m]["total_ratio"] for m in ("copies", "once")}
+    noinline = rows["resnet50", "once_noinline"]["total_ratio"]
+    _phrase(
+        f"On ResNet50, 4 copies traced into the step take {ratio['copies']:.2f} "
+        "times the plain step's first step; the tower traced once and called on "
+        f"each device takes {ratio['once']:.2f} times when TensorFlow inlines the "
+        f"calls (its graph optimisation then sees 4 copies again), and "
+        f"{noinline:.2f} times when it does not."
+    )
+    losses = {row["loss"] for (model, m), row in rows.items() if model == "resnet50"}
+    assert len(losses - {rows["resnet50", "plain"]["loss"]}) == 1  # the same step
+
+
 def test_traffic_figures_match_traffic_json():
     traffic = _load("traffic.json")
     meta = traffic["meta"]
@@ -208,10 +226,11 @@ def test_run_times_match_the_results():
     sources = {
         "": "benchmarks.json",
         ".trace": "trace.json",
+        ".trace_once": "trace_once.json",
         ".traffic": "traffic.json",
     }
     stated = re.findall(
-        r"^python -m bench(\.\w+)? [^\n]*# [^\n]*about (\d+) minutes here", PAGE, re.M
+        r"^python -m bench(\.\w+)? [^\n]*# [^\n]*about (\d+) minutes? here", PAGE, re.M
     )
     assert sorted(module for module, _ in stated) == sorted(sources)
     for module, minutes in stated:

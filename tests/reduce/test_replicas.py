@@ -471,19 +471,23 @@ class OwnStep(kerastower.TowerModel):
         return {"loss": loss}
 
 
-def own_step_twin(setting):
+def own_step_twin(setting, jit_compile=False):
     plain, base = mlp(), mlp()
     towered = OwnStep(base.inputs, base.outputs, towers=3, replicate_variables=setting)
     towered.set_weights(plain.get_weights())
     compile_both(plain, towered, keras.optimizers.Adam(0.01), metrics=())
+    if jit_compile:  # XLA per tower
+        towered.compile(
+            optimizer=keras.optimizers.Adam(0.01), loss="mse", jit_compile=True
+        )
     return plain, towered
 
 
-@pytest.mark.parametrize("setting", [True, "auto"])
-def test_a_train_step_of_ones_own_trains_on_replicas(setting, monkeypatch):
+@pytest.mark.parametrize("setting, jit_compile", [(True, False), ("auto", True)])
+def test_a_train_step_of_ones_own_trains_on_replicas(setting, jit_compile, monkeypatch):
     monkeypatch.setenv(replica_setting.FORCE_VARIABLE, "1")  # "auto" on CPUs
     x, y = regression_data(n=23)
-    plain, towered = own_step_twin(setting)
+    plain, towered = own_step_twin(setting, jit_compile)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         fit_pair(plain, towered, x, y, batch_size=5, epochs=2)
@@ -491,6 +495,7 @@ def test_a_train_step_of_ones_own_trains_on_replicas(setting, monkeypatch):
     assert_same_weights(plain, towered)
     replicas = towered._tower_step.replicas
     assert replicas.built and not replicas._clones  # the step's own optimizer
+    assert towered.jit_compile is jit_compile
     towered.evaluate(x, y, verbose=0)  # copies the last update to the replicas
     for tower in (1, 2):
         for primary, copy in zip(

@@ -307,7 +307,7 @@ class Replicas:
         static_rows: Sequence[bool | None] | None = None,
     ) -> list[list[Any]]:
         """All-reduces the towers' gradients of `variables`; every tower gets
-        the sum on its device (see `all_reduce`).
+        the sum on its device (see `ring_gradients.all_reduce`).
 
         `per_tower` holds each tower's gradients, tower 0 first, or one list
         when the batch ran whole on tower 0: the other towers then add

@@ -102,22 +102,18 @@ def broadcast(
 ) -> list[list[tf.Tensor]]:
     """The values of `variables` (on tower 0) on every tower, exactly.
 
-    One uncompressed ring all-reduce per dtype, in buckets of
-    ``options.bucket_mb``; see the module docstring.
+    One uncompressed `all_reduce`, in buckets of ``options.bucket_mb``, of
+    the values on tower 0 and ``-0.0`` on the others; see the module
+    docstring.
 
     Returns:
         Each tower's values, in the order of `variables`.
     """
+    per_tower = [[v.value for v in variables]]
+    for device in ring.devices[1:]:
+        with tf.device(device):
+            per_tower.append(
+                [tf.fill(v.shape, tf.constant(-0.0, v.dtype)) for v in variables]
+            )
     exact = AllReduceOptions(bucket_mb=options.bucket_mb)
-    out: list[list[Any]] = [[None] * len(variables) for _ in ring.devices]
-    for dtype in sorted({v.dtype for v in variables}, key=str):
-        where = [j for j, v in enumerate(variables) if v.dtype == dtype]
-        per_tower = [[variables[j].value for j in where]]
-        for device in ring.devices[1:]:
-            with tf.device(device):
-                zero = tf.constant(-0.0, dtype)
-                per_tower.append([tf.fill(variables[j].shape, zero) for j in where])
-        for tower, sums in enumerate(ring.sum_tensors(per_tower, exact)):
-            for j, value in zip(where, sums):
-                out[tower][j] = value
-    return out
+    return all_reduce(ring, per_tower, None, exact)

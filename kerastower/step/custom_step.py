@@ -86,9 +86,7 @@ def over_workers(train_step: Callable) -> Callable:
         return train_step
 
     @functools.wraps(train_step)
-    def wrapped(self, data):
-        if self.num_workers == 1:
-            return train_step(self, data)
+    def wrapped(self, data):  # one worker: the step itself
         return workers.metric_results_over_workers(
             self, lambda: train_step(self, data), keep_logs=True
         )

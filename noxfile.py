@@ -50,7 +50,7 @@ ROOT = Path(__file__).parent
 RESULTS = ROOT / "bench" / "results" / "matrix.json"
 DOCS = ROOT / "docs" / "installation.md"
 
-KERAS = ["3.10.0", "3.11.3", "3.12.4", "3.13.2", "3.14.0", "3.15.1"]
+KERAS = ["3.8.0", "3.9.2", "3.10.0", "3.11.3", "3.12.4", "3.13.2", "3.14.0", "3.15.1"]
 TENSORFLOW = ["2.16.2", "2.17.1", "2.18.1", "2.19.1", "2.20.0", "2.21.0"]
 # The oldest Keras a TensorFlow release requires, where it is in our range:
 # pip cannot install the pairs below it.

@@ -72,7 +72,7 @@ def test_the_fence_states_the_range_pyproject_declares():
     "keras_version, tensorflow_version, message",
     [
         ("2.15.0", "2.15.1", r"runs on Keras 3 .* Received: keras==2.15.0"),
-        ("3.9.2", "2.18.1", r"pip install 'keras>=3.10,<3.16'.*keras==3.9.2"),
+        ("3.7.0", "2.18.1", r"pip install 'keras>=3.8,<3.16'.*keras==3.7.0"),
         ("3.15.1", "2.16.1", r"TensorFlow >=2.16.2,<2.22.*tensorflow==2.16.1"),
     ],
 )
@@ -94,7 +94,7 @@ def test_a_newer_keras_or_tensorflow_than_tested_warns():
         errors.check_installed("3.15.1", "2.22.0")
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        for keras_version in ("3.10.0", "3.13.2", "3.15.1"):
+        for keras_version in ("3.8.0", "3.10.0", "3.13.2", "3.15.1"):
             errors.check_installed(keras_version, "2.16.2")
 
 

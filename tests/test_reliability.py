@@ -96,7 +96,8 @@ class Disk:
 
     def fill(self):
         store = saving_lib.H5IOStore
-        real_h5_file, real_close = store._get_h5_file, store.close
+        real_h5_file = getattr(store, "_get_h5_file", None)
+        real_init, real_close = store.__init__, store.close
 
         def keras_open(path, mode="r", *args, **kwargs):
             if "w" not in mode:
@@ -123,8 +124,19 @@ class Disk:
             finally:
                 store.io_file.close()
 
+        def init(store, root_path, archive=None, mode="r"):
+            if mode != "w" or archive:
+                return real_init(store, root_path, archive, mode)
+            store.root_path, store.archive, store.mode = root_path, None, mode
+            open(root_path, "wb").close()
+            store.io_file, store.full_disk_path = io.BytesIO(), root_path
+            store.h5_file = h5py.File(store.io_file, mode="w")
+
         self.monkeypatch.setattr(saving_lib, "open", keras_open, raising=False)
-        self.monkeypatch.setattr(store, "_get_h5_file", h5_file)
+        if real_h5_file is None:  # Keras 3.8 and 3.9 open the file in `__init__`
+            self.monkeypatch.setattr(store, "__init__", init)
+        else:
+            self.monkeypatch.setattr(store, "_get_h5_file", h5_file)
         self.monkeypatch.setattr(store, "close", close)
 
     def free(self):

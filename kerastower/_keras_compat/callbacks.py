@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import inspect
+import warnings
 
 import keras
+import numpy as np
 import tensorflow as tf
 
 from kerastower._keras_compat.errors import KERAS_MINOR, _attribute, _fail
@@ -54,15 +56,66 @@ class CheckpointHooks:
 
     def should_save(self, epoch: int, batch: int | None, logs, path: str) -> bool:
         """Whether Keras's rules (``save_best_only``, ...) save this one."""
-        return self._should_save_model(epoch, batch, logs, path)
+        if _HAS_SHOULD_SAVE:
+            return self._should_save_model(epoch, batch, logs, path)
+        return _should_save_before_3_10(self, epoch, logs or {}, path)
+
+
+# Keras 3.8 and 3.9 decide inside `_save_model`; 3.10 moved the decision into
+# `_should_save_model`. `_should_save_before_3_10` is 3.9's decision, word for
+# word in its effects: a missing `monitor` skips the save (3.10 saves).
+_HAS_SHOULD_SAVE = KERAS_MINOR >= (3, 10)
+
+
+def _should_save_before_3_10(callback, epoch: int, logs: dict, path: str) -> bool:
+    if not callback.save_best_only:
+        if callback.verbose > 0:
+            print_msg(f"\nEpoch {epoch + 1}: saving model to {path}")
+        return True
+    current = logs.get(callback.monitor)
+    if current is None:
+        warnings.warn(
+            f"Can save best model only with {callback.monitor} available, skipping.",
+            stacklevel=3,
+        )
+        return False
+    if (isinstance(current, np.ndarray) or tf.is_tensor(current)) and len(
+        current.shape
+    ) > 0:
+        warnings.warn(
+            "Can save best model only when `monitor` is a scalar value. "
+            f"Received: {current}. Falling back to `save_best_only=False`.",
+            stacklevel=3,
+        )
+        return True
+    # `best` is None only on the newer Keras this is tested on (3.10 starts
+    # from None; 3.8 and 3.9 from an infinity).
+    best = callback.best
+    best_text = "None" if best is None else f"{best:.5f}"
+    if best is None or _attribute(callback, "monitor_op", "ModelCheckpoint")(
+        current, best
+    ):
+        if callback.verbose > 0:
+            print_msg(
+                f"\nEpoch {epoch + 1}: {callback.monitor} improved from "
+                f"{best_text} to {current:.5f}, saving model to {path}"
+            )
+        callback.best = current
+        return True
+    if callback.verbose > 0:
+        print_msg(
+            f"\nEpoch {epoch + 1}: {callback.monitor} did not improve from {best_text}"
+        )
+    return False
 
 
 def _check_checkpoint_hooks() -> None:
     expected = {
         "_save_model": ["self", "epoch", "batch", "logs"],
         "_get_file_path": ["self", "epoch", "batch", "logs"],
-        "_should_save_model": ["self", "epoch", "batch", "logs", "filepath"],
     }
+    if _HAS_SHOULD_SAVE:
+        expected["_should_save_model"] = ["self", "epoch", "batch", "logs", "filepath"]
     for name, parameters in expected.items():
         method = getattr(keras.callbacks.ModelCheckpoint, name, None)
         if not callable(method) or list(inspect.signature(method).parameters) != (

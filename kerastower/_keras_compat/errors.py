@@ -7,9 +7,9 @@ import warnings
 
 import keras
 
-SUPPORTED_KERAS = ">=3.10,<3.16"
+SUPPORTED_KERAS = ">=3.8,<3.16"
 SUPPORTED_TENSORFLOW = ">=2.16.2,<2.22"
-_KERAS_RANGE = ((3, 10), (3, 16))
+_KERAS_RANGE = ((3, 8), (3, 16))
 _TENSORFLOW_RANGE = ((2, 16, 2), (2, 22))
 INSTALLATION = "https://kerastower.github.io/kerastower/installation/"
 
@@ -59,7 +59,7 @@ def check_installed(keras_version: str, tensorflow_version: str) -> None:
 
     Raises:
         KerasCompatibilityError: For Keras 2 (TensorFlow 2.15 and older ship
-            it), Keras older than 3.10 or TensorFlow older than 2.16.2.
+            it), Keras older than 3.8 or TensorFlow older than 2.16.2.
     """
     keras_release = _release(keras_version)
     tensorflow_release = _release(tensorflow_version)

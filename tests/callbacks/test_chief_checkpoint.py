@@ -14,6 +14,7 @@ import pytest
 from oracle import Crash, assert_same_weights, mlp, regression_data
 
 import kerastower
+from kerastower._keras_compat import callbacks as compat_callbacks
 from kerastower.callbacks import (
     ChiefCheckpoint,
     checkpoint_epoch,
@@ -69,6 +70,39 @@ OPTIONS = [
 
 @pytest.mark.parametrize("pattern, options", OPTIONS)
 def test_options_write_what_model_checkpoint_writes(tmp_path, pattern, options):
+    write_what_model_checkpoint_writes(tmp_path, pattern, options)
+
+
+@pytest.mark.parametrize("pattern, options", OPTIONS[2:4])
+def test_the_keras_3_9_save_best_only_decision_writes_what_keras_writes(
+    tmp_path, monkeypatch, pattern, options
+):
+    # Keras 3.8 and 3.9 have no `_should_save_model`; the fallback decides as
+    # they do, which for a monitor that is logged is what newer Keras decides.
+    monkeypatch.setattr(compat_callbacks, "_HAS_SHOULD_SAVE", False)
+    monkeypatch.setattr(
+        ChiefCheckpoint,
+        "_should_save_model",
+        lambda *args: pytest.fail("the Keras 3.10 hook was called"),
+    )
+    write_what_model_checkpoint_writes(tmp_path, pattern, options)
+
+
+def test_a_missing_monitor_skips_the_save_as_keras_3_9_does(tmp_path, monkeypatch):
+    monkeypatch.setattr(compat_callbacks, "_HAS_SHOULD_SAVE", False)
+    path = tmp_path / "best.keras"
+    with pytest.warns(UserWarning, match="only with val_loss available, skipping"):
+        tower_model().fit(
+            X,
+            Y,
+            epochs=1,
+            callbacks=[ChiefCheckpoint(str(path), save_best_only=True)],
+            **FIT,
+        )
+    assert files(tmp_path) == []
+
+
+def write_what_model_checkpoint_writes(tmp_path, pattern, options):
     ours, stock = tmp_path / "ours", tmp_path / "stock"
     model = tower_model()
     model.fit(

@@ -15,14 +15,29 @@ the towers are traced differs:
   it ``N`` times, once under each tower's device; TensorFlow inlines the
   calls before it optimises the graph;
 - ``once_noinline``: the same calls, not inlined (``_noinline``): each call
-  runs the function instantiated on its device.
+  runs the function instantiated on its device;
+- ``once_sync``: ``once_noinline`` with `BatchNormalization` normalising
+  with the statistics of the whole batch, as `TowerModel` does by default:
+  `kerastower.step.batch_norm.global_moments`, whose sums over the towers
+  are collectives (``CollectiveReduceV2``, one per dtype and sum, in the
+  forward and the backward pass) inside the function traced once. Its loss
+  is ``plain``'s. TensorFlow's automatic control dependencies would chain
+  the towers' calls (each holds stateful collectives), and the first call's
+  collectives would wait forever for the others: each call is marked to run
+  independently;
+- ``once_sync_no_grappler``: ``once_sync`` with TensorFlow's graph optimiser
+  (Grappler) off for the whole process, to show what it costs: it optimises
+  the tower function once per device, and the outer step's optimisation
+  works on the function library too.
 
-Each row gives the time to trace the tower function (``once`` only), to
-trace the step, the first call (TensorFlow's graph optimisation, placement
-and the step itself), their total (what a user waits for) the ops in the
-step's own graph, and the step's loss (each tower normalises with its own
-shard's statistics, so the towers' mechanisms agree with each other, not
-with ``plain``). The ratio is the total over ``plain``'s, in the same run.
+Each row gives the time to trace the tower function (the ``once``
+mechanisms only), to trace the step, the first call (TensorFlow's graph
+optimisation, placement and the step itself), their total (what a user
+waits for), the ops in the step's own graph, the mean of the next 5 steps,
+and the first step's loss (each tower normalises with its own
+shard's statistics, except in the ``once_sync`` mechanisms, so the others
+agree with each other, not with ``plain``; ``once_sync`` agrees with
+``plain``). The ratio is the total over ``plain``'s, in the same run.
 """
 
 from __future__ import annotations
@@ -41,7 +56,62 @@ from bench.trace import build
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = ROOT / "bench" / "results"
-MECHANISMS = ("plain", "copies", "once", "once_noinline")
+MECHANISMS = (
+    "plain",
+    "copies",
+    "once",
+    "once_noinline",
+    "once_sync",
+    "once_sync_no_grappler",
+)
+# Any group key that no strategy of the process uses: the bench makes none.
+GROUP_KEY = 4242
+STEADY_STEPS = 5
+
+
+def _synchronise_batch_norm(model, towers: int) -> None:
+    """Makes every `BatchNormalization` of `model` normalise with the
+    statistics of all towers, summed by collectives among `towers` devices."""
+    import functools
+
+    import keras
+    import tensorflow as tf
+
+    from kerastower import _keras_compat
+    from kerastower.reduce.towers import self_adjoint
+    from kerastower.step.batch_norm import global_moments
+
+    instance_keys = iter(range(1, 1 << 30))
+
+    def collective_sum(values):
+        """One all-reduce per dtype; every tower calls it in the same order
+        (once, while the function is traced), so the keys match."""
+        out = list(values)
+        for dtype in sorted({v.dtype for v in values}, key=lambda d: d.name):
+            where = [i for i, v in enumerate(values) if v.dtype == dtype]
+            flat = tf.concat([tf.reshape(values[i], [-1]) for i in where], 0)
+            summed = tf.raw_ops.CollectiveReduceV2(
+                input=flat,
+                group_size=towers,
+                group_key=GROUP_KEY,
+                instance_key=next(instance_keys),
+                ordering_token=[],
+                merge_op="Add",
+                final_op="Id",
+            )
+            sizes = [values[i].shape.num_elements() for i in where]
+            for i, piece in zip(where, tf.split(summed, sizes)):
+                out[i] = tf.reshape(piece, values[i].shape)
+        return out
+
+    moments = functools.partial(
+        global_moments, sum_fn=lambda values: self_adjoint(values, collective_sum)
+    )
+    for layer in _keras_compat.inner_layers(model):
+        if isinstance(layer, keras.layers.BatchNormalization):
+            _keras_compat.override_batch_norm_moments(layer, moments)
+
+
 LOGICAL_DEVICES = 4
 
 
@@ -54,6 +124,8 @@ def _child(model_name: str, mechanism: str, towers: int) -> None:
     import kerastower
 
     kerastower.configure_logical_devices(LOGICAL_DEVICES)
+    if mechanism.endswith("no_grappler"):
+        tf.config.optimizer.set_experimental_options({"disable_meta_optimizer": True})
     keras.utils.set_random_seed(0)
     model, x, y = build(model_name)
     x, y = tf.constant(x), tf.constant(y.astype("int32"))
@@ -65,6 +137,10 @@ def _child(model_name: str, mechanism: str, towers: int) -> None:
     optimizer.build(variables)
     loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 
+    sync = mechanism.startswith("once_sync")
+    if sync:
+        _synchronise_batch_norm(model, towers)
+
     def tower(values, state_values, x, y):
         """One tower's loss, gradients and layer-state updates, reading the
         weights from `values` rather than from the variables."""
@@ -73,6 +149,7 @@ def _child(model_name: str, mechanism: str, towers: int) -> None:
             with tf.GradientTape() as tape:
                 tape.watch(values)
                 loss = keras.ops.mean(loss_fn(y, model(x, training=True)))
+                loss = loss / towers  # the towers' losses add up to the batch's
             gradients = tape.gradient(loss, values)
             updates = [scope.get_current_value(v) for v in states]
         updates = [s if u is None else u for u, s in zip(updates, state_values)]
@@ -81,7 +158,7 @@ def _child(model_name: str, mechanism: str, towers: int) -> None:
     started = time.perf_counter()
     call = tower
     if mechanism.startswith("once"):
-        noinline = {"_noinline": True} if mechanism.endswith("noinline") else None
+        noinline = {"_noinline": True} if mechanism != "once" else None
         traced = tf.function(tower, experimental_attributes=noinline)
 
         def spec(tensor):
@@ -103,11 +180,14 @@ def _child(model_name: str, mechanism: str, towers: int) -> None:
         for device, xs, ys in zip(devices, tf.split(x, towers), tf.split(y, towers)):
             with tf.device(device):
                 outs.append(call(values, state_values, xs, ys))
-        gradients = [tf.add_n(list(g)) / towers for g in zip(*[o[1] for o in outs])]
+            if sync:
+                graph = tf.compat.v1.get_default_graph()
+                graph.experimental_acd_manager.run_independently(outs[-1][0].op)
+        gradients = [tf.add_n(list(g)) for g in zip(*[o[1] for o in outs])]
         optimizer.apply_gradients(zip(gradients, variables))
         for variable, update in zip(states, outs[0][2]):
             variable.assign(update)
-        return tf.add_n([o[0] for o in outs]) / towers
+        return tf.add_n([o[0] for o in outs])
 
     started = time.perf_counter()
     concrete = step.get_concrete_function(x, y)
@@ -115,6 +195,10 @@ def _child(model_name: str, mechanism: str, towers: int) -> None:
     started = time.perf_counter()
     loss = float(step(x, y).numpy())
     first_call = time.perf_counter() - started
+    started = time.perf_counter()
+    for _ in range(STEADY_STEPS):
+        step(x, y).numpy()
+    steady = (time.perf_counter() - started) / STEADY_STEPS
     row = {
         "model": model_name,
         "mechanism": mechanism,
@@ -124,7 +208,8 @@ def _child(model_name: str, mechanism: str, towers: int) -> None:
         "first_call_s": first_call,
         "total_s": tower_trace + step_trace + first_call,
         "step_ops": len(concrete.graph.get_operations()),
-        "loss": loss,  # the same for every mechanism on towers
+        "steady_step_ms": steady * 1e3,
+        "loss": loss,  # the first step's
     }
     print("RESULT " + json.dumps(row), flush=True)
 
@@ -155,8 +240,9 @@ def markdown_table(rows: Sequence[dict[str, Any]]) -> str:
     """The rows as a markdown table."""
     lines = [
         "| model | mechanism | towers | trace tower (s) | trace step (s) "
-        "| first call (s) | total (s) | x plain | ops in the step |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| first call (s) | total (s) | x plain | ops in the step "
+        "| steady step (ms) | first loss |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         ratio = f"{r['total_ratio']:.2f}" if "total_ratio" in r else ""
@@ -164,7 +250,7 @@ def markdown_table(rows: Sequence[dict[str, Any]]) -> str:
             f"| {r['model']} | {r['mechanism']} | {r['towers']} "
             f"| {r['tower_trace_s']:.2f} | {r['step_trace_s']:.2f} "
             f"| {r['first_call_s']:.2f} | {r['total_s']:.2f} | {ratio} "
-            f"| {r['step_ops']} |"
+            f"| {r['step_ops']} | {r['steady_step_ms']:.1f} | {r['loss']:.6f} |"
         )
     return "\n".join(lines) + "\n"
 

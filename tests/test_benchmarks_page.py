@@ -169,7 +169,7 @@ def test_first_step_figures_match_trace_json():
     )
 
 
-SYNC = ("once_sync", "once_sync_no_grappler")
+SYNC = ("once_sync", "once_sync_no_grappler", "once_sync_towers_no_grappler")
 
 
 def test_trace_once_figures_match_trace_once_json():
@@ -200,7 +200,10 @@ def test_trace_once_figures_match_trace_once_json():
         "the towers take one device's step (the first loss is the plain "
         f"model's), and the first step takes {sync['once_sync']:.2f} times the "
         "plain model's; with TensorFlow's graph optimiser off "
-        f"(`once_sync_no_grappler`), {sync['once_sync_no_grappler']:.2f} times."
+        f"(`once_sync_no_grappler`), {sync['once_sync_no_grappler']:.2f} times, "
+        "and with it off for the towers' calls only "
+        f"(`once_sync_towers_no_grappler`), "
+        f"{sync['once_sync_towers_no_grappler']:.2f} times."
     )
 
 

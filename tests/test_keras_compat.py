@@ -110,3 +110,94 @@ def test_a_removed_tensorflow_hook_is_an_error_naming_it(monkeypatch):
     text = str(info.value)
     assert "TensorFlow hook `Context.ensure_initialized`" in text
     assert _keras_compat.SUPPORTED_TENSORFLOW in text
+
+
+# -- One traced tower function called on every device (bench/trace_once.py).
+
+# Keys no strategy of the test process uses (theirs count up from 1).
+GROUP_KEY = INSTANCE_KEY = 2**20 + 7
+
+
+def tower_calls(independent, devices):
+    """A step calling one function that holds a collective on each device."""
+    import tensorflow as tf
+
+    def tower(x):
+        return tf.raw_ops.CollectiveReduceV2(
+            input=x,
+            group_size=len(devices),
+            group_key=GROUP_KEY,
+            instance_key=INSTANCE_KEY,
+            ordering_token=[],
+            merge_op="Add",
+            final_op="Id",
+            timeout_seconds=60,
+        )
+
+    noinline = {"_noinline": True}
+    call = tf.function(tower, experimental_attributes=noinline).get_concrete_function(
+        tf.TensorSpec([2], tf.float32)
+    )
+
+    @tf.function
+    def step(x):
+        outs = []
+        for i, device in enumerate(devices):
+            with tf.device(device):
+                outs.append(call(x + i))
+            if independent:
+                _keras_compat.run_independently(outs[-1].op)
+        return tf.stack(outs)
+
+    return step
+
+
+def test_tower_calls_run_independently_and_meet_in_their_collective():
+    import numpy as np
+    import tensorflow as tf
+
+    devices = kerastower.available_devices()[:4]
+    x = tf.constant([1.0, 2.0])
+    chained = tower_calls(False, devices).get_concrete_function(x).graph
+    calls = [op for op in chained.get_operations() if "PartitionedCall" in op.type]
+    # Without the hook each call waits for the one before it: the first
+    # tower's collective would wait forever for the others.
+    assert [len(op.control_inputs) for op in calls] == [0, 1, 1, 1]
+    step = tower_calls(True, devices)
+    graph = step.get_concrete_function(x).graph
+    calls = [op for op in graph.get_operations() if "PartitionedCall" in op.type]
+    assert [len(op.control_inputs) for op in calls] == [0, 0, 0, 0]
+    expected = np.array([1.0 + 2 + 3 + 4, 2.0 + 3 + 4 + 5])
+    np.testing.assert_array_equal(step(x).numpy(), np.stack([expected] * 4))
+
+
+def test_run_independently_outside_a_traced_function_is_an_error():
+    import tensorflow as tf
+
+    with tf.Graph().as_default():
+        op = tf.constant(1.0).op
+        with pytest.raises(ValueError, match="`tf.function` being traced"):
+            _keras_compat.run_independently(op)
+
+
+def test_calls_without_graph_optimizer_mark_only_their_calls():
+    import tensorflow as tf
+
+    call = tf.function(lambda x: x * 2.0).get_concrete_function(
+        tf.TensorSpec([], tf.float32)
+    )
+
+    def meta_optimizer_off(op):
+        config = tf.compat.v1.ConfigProto.FromString(op.get_attr("config_proto"))
+        return config.graph_options.rewrite_options.disable_meta_optimizer
+
+    @tf.function
+    def step(x):
+        with _keras_compat.calls_without_graph_optimizer():
+            inside = call(x)
+        return inside, call(inside)
+
+    graph = step.get_concrete_function(tf.constant(1.0)).graph
+    calls = [op for op in graph.get_operations() if "PartitionedCall" in op.type]
+    assert [meta_optimizer_off(op) for op in calls] == [True, False]
+    assert [float(t) for t in step(tf.constant(1.5))] == [3.0, 6.0]

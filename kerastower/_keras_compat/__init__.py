@@ -12,7 +12,8 @@ range), `losses` (loss reduction and masks), `trainer` (model and trainer
 hooks), `layers` (`SpectralNormalization`'s update, `StatelessScope`), `callbacks`
 (callbacks, optimizers, strategies), `optimizers` (an optimizer's copy for
 replicas), `metrics` (a `Mean` of a batch scalar updated in a tower), `xla` (XLA per
-tower) and `collectives` (TensorFlow's multi-worker start-up).
+tower), `collectives` (TensorFlow's multi-worker start-up) and `tower_calls`
+(one traced tower function called on every device).
 """
 
 from kerastower._keras_compat.callbacks import (
@@ -59,6 +60,10 @@ from kerastower._keras_compat.metrics import (
     weigh_scalar_means,
 )
 from kerastower._keras_compat.optimizers import clone_optimizer
+from kerastower._keras_compat.tower_calls import (
+    calls_without_graph_optimizer,
+    run_independently,
+)
 from kerastower._keras_compat.trainer import (
     Functional,
     TrainerHooks,
@@ -84,6 +89,7 @@ __all__ = [
     "check_execution_steps",
     "activity_penalties_summed",
     "call_time_value",
+    "calls_without_graph_optimizer",
     "SUPPORTED_KERAS",
     "SUPPORTED_TENSORFLOW",
     "NORMALISED_REDUCTIONS",
@@ -124,6 +130,7 @@ __all__ = [
     "register_alias",
     "restore_batch_norm",
     "restore_spectral_update",
+    "run_independently",
     "runtime_started",
     "set_initial_epoch",
     "set_keras_mask",

@@ -84,6 +84,7 @@ def test_the_keras_3_9_save_best_only_decision_writes_what_keras_writes(
         ChiefCheckpoint,
         "_should_save_model",
         lambda *args: pytest.fail("the Keras 3.10 hook was called"),
+        raising=False,  # Keras 3.8 and 3.9 have none
     )
     write_what_model_checkpoint_writes(tmp_path, pattern, options)
 

@@ -83,7 +83,7 @@ def _synchronise_batch_norm(model, towers: int) -> None:
     import tensorflow as tf
 
     from kerastower import _keras_compat
-    from kerastower.reduce.towers import self_adjoint
+    from kerastower.reduce.towers import self_adjoint, sum_by_dtype
     from kerastower.step.batch_norm import global_moments
 
     instance_keys = iter(range(1, 1 << 30))
@@ -91,11 +91,9 @@ def _synchronise_batch_norm(model, towers: int) -> None:
     def collective_sum(values):
         """One all-reduce per dtype; every tower calls it in the same order
         (once, while the function is traced), so the keys match."""
-        out = list(values)
-        for dtype in sorted({v.dtype for v in values}, key=lambda d: d.name):
-            where = [i for i, v in enumerate(values) if v.dtype == dtype]
-            flat = tf.concat([tf.reshape(values[i], [-1]) for i in where], 0)
-            summed = tf.raw_ops.CollectiveReduceV2(
+
+        def collective(flat):
+            return tf.raw_ops.CollectiveReduceV2(
                 input=flat,
                 group_size=towers,
                 group_key=GROUP_KEY,
@@ -104,10 +102,8 @@ def _synchronise_batch_norm(model, towers: int) -> None:
                 merge_op="Add",
                 final_op="Id",
             )
-            sizes = [values[i].shape.num_elements() for i in where]
-            for i, piece in zip(where, tf.split(summed, sizes)):
-                out[i] = tf.reshape(piece, values[i].shape)
-        return out
+
+        return sum_by_dtype(values, collective)
 
     moments = functools.partial(
         global_moments, sum_fn=lambda values: self_adjoint(values, collective_sum)

@@ -201,3 +201,31 @@ def test_calls_without_graph_optimizer_mark_only_their_calls():
     calls = [op for op in graph.get_operations() if "PartitionedCall" in op.type]
     assert [meta_optimizer_off(op) for op in calls] == [True, False]
     assert [float(t) for t in step(tf.constant(1.5))] == [3.0, 6.0]
+
+
+def test_a_traced_towers_replica_context_reads_its_tower_and_sums_with_its_function():
+    import tensorflow as tf
+
+    strategy = kerastower.TowerStrategy(kerastower.available_devices()[:2])
+    summed = []
+
+    def sum_fn(values):
+        summed.append(len(values))
+        return [v * 2 for v in values]
+
+    @tf.function
+    def body(tower):
+        with _keras_compat.tower_replica_context(strategy, tower, sum_fn):
+            context = tf.distribute.get_replica_context()
+            (total,) = context.all_reduce(
+                tf.distribute.ReduceOp.SUM, [tf.constant(1.5)]
+            )
+            with pytest.raises(ValueError, match="only sums"):
+                context.all_reduce(tf.distribute.ReduceOp.MEAN, tf.constant(1.0))
+            with pytest.raises(ValueError, match="merge_call"):
+                context.merge_call(lambda s: None)
+            return context.replica_id_in_sync_group, total
+
+    tower, total = body(tf.constant(1))
+    assert (int(tower), float(total), summed) == (1, 3.0, [1])
+    assert not tf.distribute.has_strategy()  # the context was left

@@ -63,6 +63,7 @@ from kerastower._keras_compat.optimizers import clone_optimizer
 from kerastower._keras_compat.tower_calls import (
     calls_without_graph_optimizer,
     run_independently,
+    tower_replica_context,
 )
 from kerastower._keras_compat.trainer import (
     Functional,
@@ -90,6 +91,7 @@ __all__ = [
     "activity_penalties_summed",
     "call_time_value",
     "calls_without_graph_optimizer",
+    "tower_replica_context",
     "SUPPORTED_KERAS",
     "SUPPORTED_TENSORFLOW",
     "NORMALISED_REDUCTIONS",

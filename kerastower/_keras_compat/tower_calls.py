@@ -77,3 +77,43 @@ def calls_without_graph_optimizer() -> Iterator[None]:
         yield
     finally:
         ctx.function_call_options = saved
+
+
+class _TracedTowerContext(tf.distribute.ReplicaContext):
+    """A replica context whose replica id is a tensor and whose all-reduce
+    sums over the calls of a traced tower function."""
+
+    def __init__(self, strategy, tower: tf.Tensor, sum_fn):
+        super().__init__(strategy, replica_id_in_sync_group=tower)
+        self._sum_fn = sum_fn
+
+    def all_reduce(self, reduce_op, value, options=None):
+        del options
+        if reduce_op != tf.distribute.ReduceOp.SUM:
+            raise ValueError(
+                "A traced tower only sums over the towers. "
+                f"Received: reduce_op={reduce_op}"
+            )
+        flat = tf.nest.flatten(value)
+        return tf.nest.pack_sequence_as(value, self._sum_fn(flat))
+
+    def merge_call(self, merge_fn, args=(), kwargs=None):
+        raise ValueError(
+            "A traced tower cannot enter the cross-replica context "
+            f"(`merge_call`). Received: merge_fn={merge_fn!r}"
+        )
+
+
+@contextmanager
+def tower_replica_context(strategy, tower: tf.Tensor, sum_fn) -> Iterator[None]:
+    """While open, `tf.distribute.get_replica_context()` is tower `tower`'s
+    of `strategy` (a tensor replica id) and its ``all_reduce`` is `sum_fn`.
+
+    For the body of a tower function traced once: the step's code reads the
+    calling tower from the replica context and sums over the towers with its
+    all-reduce.
+    """
+    context = _TracedTowerContext(strategy, tower, sum_fn)
+    _attribute(context, "__enter__", "ReplicaContext")
+    with context:
+        yield

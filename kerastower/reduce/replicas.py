@@ -41,7 +41,7 @@ tower's device and sends its gradients back there, so that device moves about
    model's window is applied (`GradientAccumulator.attach`).
 
 A batch smaller than the number of towers runs whole on tower 0 (see
-`kerastower.step.tower_step.TowerStep.split_run`); the other towers then add
+`kerastower.step.tower_runs.TowerRuns.split_run`); the other towers then add
 zeros to the same all-reduce. The replicas and the clones' state are copied
 from the model (`Replicas.sync`) when they are made, at the start of each
 `fit` and after `load_weights`; the model's weights alone (`copy_weights`)

@@ -24,7 +24,7 @@ collectives in the same order, with the same instance keys: each step
 reserves a block of keys (`kerastower.reduce.keys`), and a `TowerSum` numbers
 its collectives from the start of that block, so the step's branch that runs
 on all towers and the one that runs on one tower (a batch smaller than the
-tower count, `TowerStep.split_run`) issue the same keys; workers that take
+tower count, `TowerRuns.split_run`) issue the same keys; workers that take
 different branches still meet.
 """
 
@@ -197,10 +197,8 @@ class TowerSum:
 
     def _over_workers(self, values: Sequence[tf.Tensor]) -> list[tf.Tensor]:
         """One collective per dtype, over the first towers of all workers."""
-        out = list(values)
-        for dtype in sorted({v.dtype for v in values}, key=lambda d: d.name):
-            where = [i for i, v in enumerate(values) if v.dtype == dtype]
-            flat = tf.concat([tf.reshape(values[i], [-1]) for i in where], axis=0)
+
+        def collective(flat):
             with tf.device(self.device):
                 summed = tf.raw_ops.CollectiveReduceV2(
                     input=flat,
@@ -214,9 +212,29 @@ class TowerSum:
                     timeout_seconds=self.timeout_seconds,
                 )
             self.next_key += 1
-            sizes = tf.stack([tf.size(values[i]) for i in where])
-            pieces = tf.split(summed, sizes, num=len(where))
-            for i, piece in zip(where, pieces):
-                out[i] = tf.reshape(piece, tf.shape(values[i]))
-                out[i].set_shape(values[i].shape)
-        return out
+            return summed
+
+        return sum_by_dtype(values, collective)
+
+
+def sum_by_dtype(
+    values: Sequence[tf.Tensor], sum_flat: Callable[[tf.Tensor], tf.Tensor]
+) -> list[tf.Tensor]:
+    """Sums `values` with one call of `sum_flat` per dtype.
+
+    The values of one dtype are flattened and concatenated into one vector,
+    `sum_flat` sums it (one collective), and the sum is cut back into the
+    values' shapes.
+    """
+    values = [tf.convert_to_tensor(v) for v in values]
+    out = list(values)
+    for dtype in sorted({v.dtype for v in values}, key=lambda d: d.name):
+        where = [i for i, v in enumerate(values) if v.dtype == dtype]
+        flat = tf.concat([tf.reshape(values[i], [-1]) for i in where], axis=0)
+        summed = sum_flat(flat)
+        sizes = tf.stack([tf.size(values[i]) for i in where])
+        pieces = tf.split(summed, sizes, num=len(where))
+        for i, piece in zip(where, pieces):
+            out[i] = tf.reshape(piece, tf.shape(values[i]))
+            out[i].set_shape(values[i].shape)
+    return out

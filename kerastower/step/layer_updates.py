@@ -81,12 +81,17 @@ class StepState:
         kept: The paths of non-trainable weights that a tower after the
             first assigned and that end the step with tower 0's value, where
             that may not be one device's (an ordered set).
+        seeds: The layers' seed-generator states (see `_seed_states`).
+        traced: ``(variables, values)`` that a tower traced once assigned,
+            for `apply_traced`.
     """
 
     values: list
     metrics: list = dataclasses.field(default_factory=list)
     assigned: dict = dataclasses.field(default_factory=dict)
     kept: dict = dataclasses.field(default_factory=dict)
+    seeds: list = dataclasses.field(default_factory=list)
+    traced: list = dataclasses.field(default_factory=list)
 
 
 @contextlib.contextmanager
@@ -128,6 +133,7 @@ def step_state(
             for v in model.metrics_variables
             if id(v) not in weights
         ],
+        seeds=_seed_variables(model),
     )
     try:
         for layer in layers:
@@ -170,9 +176,14 @@ def tower_reads(
         tower: The tower; defaults to the current replica context's (0
             outside `tf.distribute.Strategy.run`).
     """
+    traced = None
     if tower is None:
         context = tf.distribute.get_replica_context()
-        tower = int(tf.get_static_value(context.replica_id_in_sync_group))
+        tower = tf.get_static_value(context.replica_id_in_sync_group)
+        if tower is None:  # a tower traced once, for every tower
+            traced = context.replica_id_in_sync_group
+        else:
+            tower = int(tower)
     if tower == 0:
         yield list(variables)
         return
@@ -190,6 +201,7 @@ def tower_reads(
     mapping += [
         (v, value) for v, value in state.values + state.metrics if id(v) not in mapped
     ]
+    mapping += _seed_states(state, traced if traced is not None else tower)
     mapped.update(id(v) for v, _ in mapping)
     mapping = [
         (
@@ -203,24 +215,94 @@ def tower_reads(
     scope = _keras_compat.RecordingScope(mapping)
     with scope:
         yield read
+    updated = list({id(v): v for v in scope.updated}.values())
+    if traced is not None:
+        state.traced.append((updated, [scope.get_current_value(v) for v in updated]))
+        return
+    _make_updates(model, state, updated, scope.get_current_value, mapped, first=False)
+
+
+def _seed_states(state: StepState, tower) -> list:
+    """Each seed generator's state, moved to a stream of `tower`'s own.
+
+    Tower ``i`` draws from the state ``(s_0 + i, s_1)``: tower 0 draws what
+    one device draws, the others their own numbers, and the generator
+    advances once per step, as on one device (tower 0's assignment).
+    """
+    mapping = []
+    for v in state.seeds:
+        value = tf.convert_to_tensor(v.value)
+        offset = tf.cast(tf.stack([tower, 0]), value.dtype)
+        mapping.append((v, value + offset))
+    return mapping
+
+
+def _seed_variables(model) -> list:
+    """The layers' seed-generator states: variables not weights or metrics."""
+    known = {id(v) for v in model.weights + model.metrics_variables}
+    return [
+        v
+        for v in model.non_trainable_variables
+        if id(v) not in known and tuple(v.shape) == (2,) and "int" in v.dtype
+    ]
+
+
+def apply_traced(model: keras.Model, state: StepState, per_tower: Sequence) -> None:
+    """Makes the assignments of a tower traced once, as towers traced one by
+    one made them: tower 0's as they are, then the other towers' (see
+    `tower_reads`).
+
+    Args:
+        model: The `kerastower.TowerModel`.
+        state: The `StepState` the towers read; its ``traced`` lists the
+            variables the traced tower assigned.
+        per_tower: Each tower's values of those variables, in tower order.
+    """
+    if not state.traced:
+        return
+    (updated, _) = state.traced[-1]
+    mapped = {id(v) for v in model.trainable_weights}
+    mapped.update(id(v) for v, _ in state.values + state.metrics)
+    mapped.update(id(v) for v in state.seeds)
+    for tower, values in enumerate(per_tower):
+        value_of = dict(zip(map(id, updated), values))
+        _make_updates(
+            model,
+            state,
+            updated,
+            lambda v, value_of=value_of: value_of[id(v)],
+            mapped,
+            first=tower == 0,
+        )
+
+
+def traced_values(state: StepState) -> list:
+    """The values a tower traced once assigned, for `apply_traced`."""
+    return list(state.traced[-1][1]) if state.traced else []
+
+
+def _make_updates(model, state, updated, value_of, mapped, first: bool) -> None:
+    """Makes one tower's assignments: all of tower 0's (`first`); of another
+    tower, its metrics' and ``"sum"`` weights' increments and its assignments
+    to variables that are not the model's weights."""
+    if first:
+        for variable in updated:
+            variable.assign(value_of(variable))
+        return
     frozen = {id(layer.kernel) for layer in spectral_normalizations(model)}
     trainable = {id(v) for v in model.trainable_weights} - frozen
-    state.assigned.update((v.path, None) for v in scope.updated if id(v) in trainable)
+    state.assigned.update((v.path, None) for v in updated if id(v) in trainable)
     before = {id(v): value for v, value in state.values}
     metrics = {id(v): value for v, value in state.metrics}
     own = _own_updates(model)
-    made = set()
-    for variable in scope.updated:
-        if id(variable) in made:
-            continue
-        made.add(id(variable))
+    for variable in updated:
         if id(variable) not in mapped:
-            variable.assign(scope.get_current_value(variable))
+            variable.assign(value_of(variable))
         elif id(variable) in metrics:
-            delta = scope.get_current_value(variable) - metrics[id(variable)]
+            delta = value_of(variable) - metrics[id(variable)]
             variable.assign_add(delta)
         elif id(variable) in before and variable.aggregation == "sum":
-            delta = scope.get_current_value(variable) - before[id(variable)]
+            delta = value_of(variable) - before[id(variable)]
             variable.assign_add(delta)
         elif id(variable) in before and id(variable) not in own:
             if variable.aggregation != "only_first_replica":

@@ -4,12 +4,15 @@ A step, top to bottom (`TowerStep.train`):
 
 1. The global batch of ``B`` examples is cut into contiguous shards, one per
    tower (`kerastower.step.shards`); a batch smaller than the number of towers
-   runs whole on the first tower instead (`TowerStep.split_run`).
-2. Each tower runs the forward pass and its loss on its shard inside
-   `tf.distribute.Strategy.run`, weighted so that the towers add up to the
-   one-device loss (`kerastower.step.loss_weighting`), with
-   `BatchNormalization` statistics of the global batch
-   (`kerastower.step.batch_norm`), and takes its gradients.
+   runs whole on the first tower instead (`kerastower.step.tower_runs`).
+2. Each tower runs the forward pass and its loss on its shard, weighted so
+   that the towers add up to the one-device loss
+   (`kerastower.step.loss_weighting`), with `BatchNormalization` statistics
+   of the global batch (`kerastower.step.batch_norm`), and takes its
+   gradients: one function traced once and called on every tower's device
+   (`kerastower.step.traced_towers`), or, with replicas, XLA, several
+   workers or ``global_batch_loss``, one copy per tower inside
+   `tf.distribute.Strategy.run`.
 3. The towers' gradients are summed into the one-device gradient
    (`kerastower.reduce.gradients.sum_gradients`), summed over workers when there are
    several, and applied once by the model's own optimizer (or accumulated by
@@ -20,33 +23,28 @@ A step, top to bottom (`TowerStep.train`):
 
 from __future__ import annotations
 
-import contextlib
 import warnings
 
 import keras
 import tensorflow as tf
 
-from kerastower import _keras_compat, multi_worker
-from kerastower.reduce import keys, replica_setting, workers
+from kerastower import _keras_compat
+from kerastower.reduce import replica_setting, workers
 from kerastower.reduce.gradients import (
     EagerStaticRows,
     has_static_rows,
     sum_gradients,
     traced_static_rows,
 )
-from kerastower.reduce.towers import TowerSum
-from kerastower.step import checks, layer_updates
+from kerastower.step import layer_updates
 from kerastower.step.shards import (
     concat_nest,
     first_leaf,
-    local_results,
     masks_of,
-    split_nest,
-    tensor_split_sizes,
     with_masks,
 )
 from kerastower.step.step_loss import StepLoss
-from kerastower.step.tower_context import tower_context
+from kerastower.step.tower_runs import TowerRuns
 
 
 class TowerStep:
@@ -73,8 +71,8 @@ class TowerStep:
         # `tower_gradients`, for the sum over the workers that follows it.
         self.static_rows: set[int] = set()
         self.eager_static_rows = EagerStaticRows()
-        self.step_total = None  # the step's examples on all workers (`split_run`)
         self.loss = StepLoss(model)
+        self.runs = TowerRuns(model, self.loss, replicas)
 
     # -- one step ---------------------------------------------------------
 
@@ -168,7 +166,7 @@ class TowerStep:
 
         with layer_updates.step_state(model, training=False) as state:
             (loss, y_pred, per_output, masks), _ = self.split_run(
-                tower_fn, self.loss.combine, (x, y, sample_weight)
+                tower_fn, self.loss.combine, (x, y, sample_weight), state=state
             )
         y_pred = with_masks(y_pred, masks)
         loss = workers.sum_over_workers(self.model, loss)
@@ -194,7 +192,9 @@ class TowerStep:
                 return _keras_compat.forward(self.model, shard, training=False)
 
         with layer_updates.step_state(self.model, training=False) as state:
-            y_pred, _ = self.split_run(tower_fn, concat_nest, x, across_workers=False)
+            y_pred, _ = self.split_run(
+                tower_fn, concat_nest, x, across_workers=False, state=state
+            )
         return y_pred
 
     # -- gradients ----------------------------------------------------------
@@ -234,6 +234,7 @@ class TowerStep:
         tower 0's.
         """
         connected: list[int] = []
+        rows_inside: dict[int, bool] = {}
 
         def tower_fn(shard, weight, losses):
             with tf.GradientTape() as tape:
@@ -245,6 +246,10 @@ class TowerStep:
                     scaled = loss if scale_loss is None else scale_loss(loss)
             grads = tape.gradient(scaled, read)
             connected[:] = [j for j, g in enumerate(grads) if g is not None]
+            for j in connected:  # inside the tower: a traced call hides it
+                rows_inside[j] = rows_inside.get(j, True) and has_static_rows(
+                    [grads[j]]
+                )
             return (
                 [grads[j] for j in connected],
                 loss,
@@ -258,9 +263,8 @@ class TowerStep:
 
         def combine(per_tower):
             loss, outputs, per_output, masks = self.loss.combine(per_tower)
-            for k, j in enumerate(connected):  # both branches must agree
-                rows = has_static_rows([t[0][k] for t in per_tower])
-                rows = rows if traced is None else j in traced
+            for j in connected:  # both branches must agree
+                rows = rows_inside[j] if traced is None else j in traced
                 static_rows[j] = static_rows.get(j, True) and rows
             static = [static_rows[j] for j in connected]
             grads = [t[0] for t in per_tower]
@@ -279,7 +283,7 @@ class TowerStep:
 
         with layer_updates.step_state(self.model, replicas) as state:
             (grads, loss, outputs, per_output, masks), total = self.split_run(
-                tower_fn, combine, data
+                tower_fn, combine, data, state=state
             )
         outputs = with_masks(outputs, masks)
         self.loss.update_metrics(
@@ -293,126 +297,11 @@ class TowerStep:
 
     # -- running the towers ------------------------------------------------
 
-    def split_run(self, tower_fn, combine, data, across_workers: bool = True):
-        """Runs `tower_fn(shard, weight, losses)` per tower and combines.
+    def split_run(self, tower_fn, combine, data, across_workers=True, state=None):
+        """`TowerRuns.split_run` (`kerastower.step.tower_runs`)."""
+        return self.runs.split_run(tower_fn, combine, data, across_workers, state)
 
-        `combine` turns the list of per-tower outputs into the step's result.
-        Returns that result and the global batch size ``B``, as float32.
-
-        Each tower's weight is its share ``n_i / B`` of the global batch: of all
-        workers' batches when `across_workers`, else of this worker's (for
-        `predict`, which needs no weight and must not wait for the other
-        workers). A batch smaller than the number of towers would leave towers
-        without an example, which some TensorFlow kernels mishandle (oneDNN
-        convolutions return a wrongly shaped empty tensor), so it runs whole on
-        the first tower instead, exactly as on one device (there without
-        XLA, which compiles the towers' ops only). With one tower under XLA
-        the tower always runs: XLA would keep both whole-model branches.
-        """
-        model = self.model
-        if model.num_towers > 1:
-            checks.check_no_stateful_layers(model)
-        if across_workers:
-            checks.check_gathered_steps(model)
-        batch = tf.shape(first_leaf(data))[0]
-        num_workers = model.num_workers if across_workers else 1
-        offset, total = tf.constant(0, tf.int32), tf.cast(batch, tf.float32)
-        if num_workers > 1:
-            offset, total = workers.batches_over_workers(model, batch)
-        self.step_total = total
-        # Both branches number their cross-worker sums from one block of keys.
-        block = (
-            keys.StepBlock(per_call=model.global_batch_loss)
-            if num_workers > 1
-            else None
-        )
-
-        def weighted_fn(shard, weight, losses):
-            # A `Mean` of a batch scalar (a loss tracked in `compute_loss`)
-            # counts each tower with its loss's weight, so that the towers
-            # count the batch once, as one device does.
-            with _keras_compat.scalar_means_weighted(weight):
-                return tower_fn(shard, weight, losses)
-
-        def new_sum():
-            return TowerSum(
-                num_workers, model.tower_devices[0], multi_worker.timeout(), block
-            )
-
-        def on_towers():
-            return combine(
-                self.run_towers(weighted_fn, data, batch, total, new_sum(), offset)
-            )
-
-        one_tower_warnings: list = []
-
-        def on_one_tower():
-            weight = tf.cast(batch, tf.float64) / tf.cast(total, tf.float64)
-            with warnings.catch_warnings(record=True) as caught:
-                warnings.simplefilter("always")
-                # One device's statistics are this tower's, unless workers
-                # add theirs.
-                sum_fn = new_sum()
-                context = tower_context(
-                    model, total, sum_fn, sync_batch_norm=num_workers > 1
-                )
-                # On several workers the loss of the whole batch needs every
-                # worker's rows; on one, this tower holds them all.
-                gathering = (
-                    self.loss.gathering(tf.reshape(batch, [1]), sum_fn, offset, total)
-                    if num_workers > 1
-                    else contextlib.nullcontext()
-                )
-                with gathering, context as losses, tf.device(model.tower_devices[0]):
-                    result = combine([weighted_fn(data, weight, losses)])
-            one_tower_warnings.append(caught)
-            return result
-
-        # Each tower traces the model, and so does the one-tower branch: a
-        # warning raised by a layer would show once per tower. The one-tower
-        # branch traces exactly as one device does: show its warnings, or,
-        # where only the towers ran (eager), each distinct one once.
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            if model.jit_compile and model.num_towers == 1:
-                # One tower on several workers: the whole step is one XLA
-                # computation, in which both branches ran the bench convnet's
-                # step 4x slower (55 ms against 14 ms).
-                result = on_towers()
-            else:
-                result = tf.cond(batch >= model.num_towers, on_towers, on_one_tower)
-        _keras_compat.warn_once(
-            one_tower_warnings[0] if one_tower_warnings else caught,
-            _keras_compat.warnings_shown_at_build(model),
-        )
-        return result, total
-
-    def run_towers(self, tower_fn, data, batch, total, sum_fn, offset=0):
-        """Splits `data` into shards and runs `tower_fn` on every tower."""
-        towers = self.model.num_towers
-        # Hide the sizes from shape inference, so that a tower's static batch
-        # size is unknown whatever the global batch (see `sum_gradients`).
-        sizes = tf.compat.v1.placeholder_with_default(
-            tensor_split_sizes(batch, towers), [towers]
-        )
-        # In float64, then cast to the loss's dtype: the correctly rounded
-        # share in any dtype (float64 models train exactly too).
-        weights = tf.cast(sizes, tf.float64) / tf.cast(total, tf.float64)
-        shards = split_nest(data, sizes, towers)
-        strategy = self.model.tower_strategy
-        inputs = strategy.experimental_distribute_values_from_function(
-            lambda ctx: (
-                shards[ctx.replica_id_in_sync_group],
-                weights[ctx.replica_id_in_sync_group],
-            )
-        )
-        context = tower_context(self.model, total, sum_fn, sync_batch_norm=True)
-        gathering = self.loss.gathering(sizes, sum_fn, offset, total)
-        xla = contextlib.nullcontext()
-        if self.model.jit_compile and not tf.executing_eagerly():
-            xla = _keras_compat.compiled_in_towers(strategy)  # XLA per tower
-        with gathering, context as losses, xla:
-            outputs = strategy.run(
-                lambda args: tower_fn(args[0], args[1], losses), args=(inputs,)
-            )
-        return local_results(strategy, outputs)
+    @property
+    def step_total(self):
+        """The step's examples on all workers, ``B`` (float32)."""
+        return self.runs.step_total

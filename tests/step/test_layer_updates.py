@@ -196,28 +196,52 @@ def test_unsynchronised_batch_norm_keeps_the_first_towers_statistics():
     )
 
 
-def test_random_layers_draw_a_new_seed_on_every_tower_with_replicas():
-    # Every tower advances the seed generator, so towers draw different
-    # dropout masks; towers with replicas once dropped theirs, and towers 1
-    # and 2 drew the same masks.
+def test_random_layers_draw_their_own_numbers_on_every_tower():
+    # Tower i draws from the seed state (s0 + i, s1): towers draw different
+    # dropout masks, and the generator advances once per step, as on one
+    # device, with and without replicas (towers with replicas once dropped
+    # their draws, and towers 1 and 2 drew the same masks).
     def build():
         keras.utils.set_random_seed(0)
         inputs = keras.Input((6, 6, 2))
         h = keras.layers.Dropout(0.5)(keras.layers.Flatten()(inputs))
         return keras.Model(inputs, keras.layers.Dense(1)(h))
 
-    states = []
+    def seed_state(model):
+        (state,) = [
+            v.numpy() for v in model.non_trainable_variables if "seed" in v.path
+        ]
+        return state
+
+    plain = build()
+    plain.compile(optimizer="sgd", loss="mse")
+    plain.fit(X[:9], Y[:9], batch_size=9, verbose=0)
     for replicate in (False, True):
         model = kerastower.TowerModel.from_model(
             build(), towers=3, replicate_variables=replicate
         )
         model.compile(optimizer="sgd", loss="mse")
         model.fit(X[:9], Y[:9], batch_size=9, verbose=0)
-        (state,) = [
-            v.numpy() for v in model.non_trainable_variables if "seed" in v.path
-        ]
-        states.append(state)
-    np.testing.assert_array_equal(states[0], states[1])
+        np.testing.assert_array_equal(seed_state(model), seed_state(plain))
+
+
+def test_towers_draw_different_dropout_masks():
+    def rows_like_the_first(y_true, y_pred):
+        del y_true
+        same = tf.reduce_all(tf.equal(y_pred, y_pred[:1]), axis=1)
+        return tf.cast(same, "float32")
+
+    keras.utils.set_random_seed(0)
+    inputs = keras.Input((72,))
+    h = keras.layers.Dropout(0.5)(inputs)
+    outputs = keras.layers.Dense(72, use_bias=False, kernel_initializer="identity")(h)
+    model = kerastower.TowerModel(inputs, outputs, towers=3)
+    model.compile(optimizer="sgd", loss="mse", metrics=[rows_like_the_first])
+    ones = np.ones((3, 72), "float32")
+    history = model.fit(ones, ones, batch_size=3, verbose=0).history
+    # One example per tower, the same input: the same mask on every tower
+    # would give 1.0; a 72-unit mask repeats with probability 2**-72.
+    assert history["rows_like_the_first"][0] == pytest.approx(1 / 3)
 
 
 class ClipOwnKernel(keras.layers.Layer):

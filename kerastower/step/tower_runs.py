@@ -1,0 +1,203 @@
+"""Running one step's tower function on every tower, and combining.
+
+`TowerRuns.split_run` cuts the global batch into shards, weighs each tower
+by its share ``n_i / B``, runs the towers under what they trace with
+(`kerastower.step.tower_context`) and combines their results; a batch
+smaller than the tower count runs whole on the first tower. The towers are
+one function traced once and called on every device
+(`kerastower.step.traced_towers`) where the settings allow, else one copy
+traced per tower inside `tf.distribute.Strategy.run` (`run_copies`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import warnings
+
+import tensorflow as tf
+
+from kerastower import _keras_compat, multi_worker
+from kerastower.reduce import keys, workers
+from kerastower.reduce.towers import TowerSum
+from kerastower.step import checks, layer_updates, traced_towers
+from kerastower.step.shards import (
+    first_leaf,
+    local_results,
+    split_nest,
+    tensor_split_sizes,
+)
+from kerastower.step.tower_context import tower_context
+
+
+class TowerRuns:
+    """Runs the tower functions of one `TowerModel`'s steps.
+
+    Args:
+        model: The `kerastower.TowerModel`.
+        loss: Its `kerastower.step.step_loss.StepLoss`.
+        replicas: Its `kerastower.reduce.replicas.Replicas`, or ``None``.
+
+    Attributes:
+        step_total: The last traced step's examples on all workers, ``B``
+            (float32), set by `split_run` before the towers run.
+    """
+
+    def __init__(self, model, loss, replicas=None):
+        self.model = model
+        self.loss = loss
+        self.replicas = replicas
+        self.step_total = None
+
+    def split_run(
+        self, tower_fn, combine, data, across_workers: bool = True, state=None
+    ):
+        """Runs `tower_fn(shard, weight, losses)` per tower and combines.
+
+        `state` is the step's `kerastower.step.layer_updates.StepState`,
+        which a tower traced once needs (without it, towers are copies).
+
+        `combine` turns the list of per-tower outputs into the step's result.
+        Returns that result and the global batch size ``B``, as float32.
+
+        Each tower's weight is its share ``n_i / B`` of the global batch: of all
+        workers' batches when `across_workers`, else of this worker's (for
+        `predict`, which needs no weight and must not wait for the other
+        workers). A batch smaller than the number of towers would leave towers
+        without an example, which some TensorFlow kernels mishandle (oneDNN
+        convolutions return a wrongly shaped empty tensor), so it runs whole on
+        the first tower instead, exactly as on one device (there without
+        XLA, which compiles the towers' ops only). With one tower under XLA
+        the tower always runs: XLA would keep both whole-model branches.
+        """
+        model = self.model
+        if model.num_towers > 1:
+            checks.check_no_stateful_layers(model)
+        if across_workers:
+            checks.check_gathered_steps(model)
+        batch = tf.shape(first_leaf(data))[0]
+        num_workers = model.num_workers if across_workers else 1
+        offset, total = tf.constant(0, tf.int32), tf.cast(batch, tf.float32)
+        if num_workers > 1:
+            offset, total = workers.batches_over_workers(model, batch)
+        self.step_total = total
+        # Both branches number their cross-worker sums from one block of keys.
+        block = (
+            keys.StepBlock(per_call=model.global_batch_loss)
+            if num_workers > 1
+            else None
+        )
+
+        def weighted_fn(shard, weight, losses):
+            # A `Mean` of a batch scalar (a loss tracked in `compute_loss`)
+            # counts each tower with its loss's weight, so that the towers
+            # count the batch once, as one device does.
+            with _keras_compat.scalar_means_weighted(weight):
+                return tower_fn(shard, weight, losses)
+
+        def new_sum():
+            return TowerSum(
+                num_workers, model.tower_devices[0], multi_worker.timeout(), block
+            )
+
+        def on_towers():
+            return combine(
+                self.run_copies(weighted_fn, data, batch, total, new_sum(), offset)
+            )
+
+        one_tower_warnings: list = []
+
+        def on_one_tower():
+            weight = tf.cast(batch, tf.float64) / tf.cast(total, tf.float64)
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                # One device's statistics are this tower's, unless workers
+                # add theirs.
+                sum_fn = new_sum()
+                context = tower_context(
+                    model, total, sum_fn, sync_batch_norm=num_workers > 1
+                )
+                # On several workers the loss of the whole batch needs every
+                # worker's rows; on one, this tower holds them all.
+                gathering = (
+                    self.loss.gathering(tf.reshape(batch, [1]), sum_fn, offset, total)
+                    if num_workers > 1
+                    else contextlib.nullcontext()
+                )
+                with gathering, context as losses, tf.device(model.tower_devices[0]):
+                    result = combine([weighted_fn(data, weight, losses)])
+            one_tower_warnings.append(caught)
+            return result
+
+        # Each tower traces the model, and so does the one-tower branch: a
+        # warning raised by a layer would show once per tower. The one-tower
+        # branch traces exactly as one device does: show its warnings, or,
+        # where only the towers ran (eager), each distinct one once.
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            if state is not None and traced_towers.applies(model, self.replicas):
+
+                def traced_fn(shard, weight, sizes):
+                    sum_fn = new_sum()
+                    context = tower_context(model, total, sum_fn, sync_batch_norm=True)
+                    gathering = self.loss.gathering(sizes, sum_fn, offset, total)
+                    with gathering, context as losses:
+                        result = weighted_fn(shard, weight, losses)
+                    return result, layer_updates.traced_values(state)
+
+                runs = traced_towers.run(model, traced_fn, data, batch, total)
+
+                def traced(run):
+                    def branch():
+                        per_tower = run()
+                        layer_updates.apply_traced(
+                            model, state, [updates for _, updates in per_tower]
+                        )
+                        return combine([result for result, _ in per_tower])
+
+                    return branch
+
+                result = tf.cond(
+                    batch >= model.num_towers, traced(runs[0]), traced(runs[1])
+                )
+            elif model.jit_compile and model.num_towers == 1:
+                # One tower on several workers: the whole step is one XLA
+                # computation, in which both branches ran the bench convnet's
+                # step 4x slower (55 ms against 14 ms).
+                result = on_towers()
+            else:
+                result = tf.cond(batch >= model.num_towers, on_towers, on_one_tower)
+        _keras_compat.warn_once(
+            one_tower_warnings[0] if one_tower_warnings else caught,
+            _keras_compat.warnings_shown_at_build(model),
+        )
+        return result, total
+
+    def run_copies(self, tower_fn, data, batch, total, sum_fn, offset=0):
+        """Splits `data` into shards and runs `tower_fn` on every tower."""
+        towers = self.model.num_towers
+        # Hide the sizes from shape inference, so that a tower's static batch
+        # size is unknown whatever the global batch (see `sum_gradients`).
+        sizes = tf.compat.v1.placeholder_with_default(
+            tensor_split_sizes(batch, towers), [towers]
+        )
+        # In float64, then cast to the loss's dtype: the correctly rounded
+        # share in any dtype (float64 models train exactly too).
+        weights = tf.cast(sizes, tf.float64) / tf.cast(total, tf.float64)
+        shards = split_nest(data, sizes, towers)
+        strategy = self.model.tower_strategy
+        inputs = strategy.experimental_distribute_values_from_function(
+            lambda ctx: (
+                shards[ctx.replica_id_in_sync_group],
+                weights[ctx.replica_id_in_sync_group],
+            )
+        )
+        context = tower_context(self.model, total, sum_fn, sync_batch_norm=True)
+        gathering = self.loss.gathering(sizes, sum_fn, offset, total)
+        xla = contextlib.nullcontext()
+        if self.model.jit_compile and not tf.executing_eagerly():
+            xla = _keras_compat.compiled_in_towers(strategy)  # XLA per tower
+        with gathering, context as losses, xla:
+            outputs = strategy.run(
+                lambda args: tower_fn(args[0], args[1], losses), args=(inputs,)
+            )
+        return local_results(strategy, outputs)

@@ -1,0 +1,195 @@
+"""The tower's step traced once and called on every tower's device.
+
+Tracing a tower copies the model's forward and backward pass into the step's
+graph. Traced once per tower, a step holds ``N`` copies, and TensorFlow's
+graph optimiser works through each: on ResNet50 with 4 towers the first step
+took 8x the plain model's. Here the tower is one `tf.function`, traced once
+and called ``N`` times, each call on its tower's device and not inlined
+(``_noinline``), and once more, whole, for a batch smaller than the tower
+count:
+
+    tower(shard_i, w_i, i, sizes, members)    for i in 0 .. N-1
+    tower(batch,   1,   0, (B, 0, ..., 0), 1) when B < N
+
+What a tower did differently from another (its place in the batch, whether
+it makes the model's assignments) is now an input:
+
+- its index ``i``: the replica id that the step's code reads from
+  `tf.distribute.get_replica_context()` while the function traces;
+- the sums over the towers (`BatchNormalization`'s moments, the losses'
+  divisors, the gathered predictions) are ``CollectiveReduceV2`` ops inside
+  the function, over the calls that run together: ``members`` of them, in
+  the group of their devices (`kerastower.reduce.keys.group_key`);
+- every tower reads the model's weights through a `keras.StatelessScope`
+  and returns what it would assign (`kerastower.step.layer_updates`); the
+  step makes tower 0's assignments after the calls, as the towers traced one
+  by one made them.
+
+A call of a function that holds collectives is stateful, and TensorFlow's
+automatic control dependencies would run the calls one after the other:
+the first tower's sum would wait forever for the others. The calls are
+taken out of that order (`kerastower._keras_compat.run_independently`) and
+skip the graph optimiser (`calls_without_graph_optimizer`): it would run
+once per device on the same function.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import tensorflow as tf
+
+from kerastower import _keras_compat
+from kerastower.reduce import keys
+from kerastower.reduce.towers import sum_by_dtype
+from kerastower.step import shards as shards_module
+
+
+def applies(model, replicas) -> bool:
+    """Whether a step of `model` runs its towers as one traced function.
+
+    Towers are traced once on one worker, without replicas, without XLA and
+    without ``global_batch_loss`` (whose gathered batch changes shape with
+    the batch, and a collective's instance key keeps the shape it first
+    summed); the other settings trace one copy per tower.
+    """
+    return (
+        model.num_towers > 1
+        and model.num_workers == 1
+        and replicas is None
+        and not model.jit_compile
+        and not model.global_batch_loss
+        and not tf.executing_eagerly()
+    )
+
+
+class TowerCollectives:
+    """Sums a list of tensors over the calls of the traced tower.
+
+    One ``CollectiveReduceV2`` per dtype; the instance keys are numbered at
+    trace time, so every call of the function issues the same keys in the
+    same order, and the group (key and size) is an input of the call.
+
+    Args:
+        group_size: How many calls sum together, an int32 scalar tensor.
+        group_key: Their group's key, an int32 scalar tensor.
+        first_key: The first of the instance keys the function may use.
+    """
+
+    def __init__(self, group_size: tf.Tensor, group_key: tf.Tensor, first_key: int):
+        self.group_size = group_size
+        self.group_key = group_key
+        self.first_key = first_key
+        self.used = 0
+
+    def __call__(self, values: Sequence[tf.Tensor]) -> list[tf.Tensor]:
+        return sum_by_dtype(values, self._sum)
+
+    def _sum(self, flat: tf.Tensor) -> tf.Tensor:
+        if self.used >= keys.STEP_BLOCK:
+            raise RuntimeError(
+                f"A tower issued more than {keys.STEP_BLOCK} sums in one step."
+            )
+        summed = tf.raw_ops.CollectiveReduceV2(
+            input=flat,
+            group_size=self.group_size,
+            group_key=self.group_key,
+            instance_key=self.first_key + self.used,
+            ordering_token=[],
+            merge_op="Add",
+            final_op="Id",
+        )
+        self.used += 1
+        return summed
+
+
+def _spec(value: Any) -> Any:
+    """The `tf.TypeSpec` of `value` with its batch dimension unknown."""
+    spec = tf.type_spec_from_value(value)
+    if isinstance(spec, tf.TensorSpec) and spec.shape.rank:
+        shape = tf.TensorShape([None]).concatenate(spec.shape[1:])
+        return tf.TensorSpec(shape, spec.dtype)
+    return spec
+
+
+def run(
+    model, tower_fn: Callable, data: Any, batch: tf.Tensor, total: tf.Tensor
+) -> tuple[Callable, Callable]:
+    """Traces `tower_fn` once; returns the towers' and the one tower's runs.
+
+    Args:
+        model: The `kerastower.TowerModel`.
+        tower_fn: ``tower_fn(shard, weight, sizes)``, one tower's step on its
+            shard, weighted by its share ``n_i / B`` (float64) of the batch
+            whose towers hold ``sizes`` examples each (int32, ``(N,)``):
+            traced once, inside a replica context whose replica id is the
+            calling tower's and whose all-reduce sums over the calls.
+        data: The global batch.
+        batch: ``B``, int32.
+        total: ``B``, float32 (this worker's examples).
+
+    Returns:
+        ``(on_towers, on_one_tower)``: functions that call the traced tower
+        on every tower (a list of ``N`` results) or on the first tower with
+        the whole batch (a list of one result).
+    """
+    towers = model.num_towers
+    # Hide the sizes from shape inference, so that a tower's static batch
+    # size is unknown whatever the global batch (see `sum_gradients`).
+    sizes = tf.compat.v1.placeholder_with_default(
+        shards_module.tensor_split_sizes(batch, towers), [towers]
+    )
+    weights = tf.cast(sizes, tf.float64) / tf.cast(total, tf.float64)
+    shards = shards_module.split_nest(data, sizes, towers)
+    strategy = model.tower_strategy
+    first_key = keys.reserve(keys.STEP_BLOCK)
+
+    def body(shard, weight, tower, tower_sizes, group_size, group_key):
+        collectives = TowerCollectives(group_size, group_key, first_key)
+        with _keras_compat.tower_replica_context(strategy, tower, collectives):
+            return tower_fn(shard, weight, tower_sizes)
+
+    function = tf.function(
+        body, autograph=False, experimental_attributes={"_noinline": True}
+    )
+    int32 = tf.TensorSpec([], tf.int32)
+    concrete = function.get_concrete_function(
+        tf.nest.map_structure(_spec, shards[0]),
+        tf.TensorSpec([], tf.float64),
+        int32,
+        tf.TensorSpec([towers], tf.int32),
+        int32,
+        int32,
+    )
+
+    def call(tower, shard, weight, tower_sizes, members):
+        group = keys.group_key(model.tower_devices[:members])
+        args = (
+            shard,
+            weight,
+            tf.constant(tower, tf.int32),
+            tower_sizes,
+            tf.constant(members, tf.int32),
+            tf.constant(group, tf.int32),
+        )
+        device = model.tower_devices[tower]
+        with tf.device(device), _keras_compat.calls_without_graph_optimizer():
+            result = concrete(*args)
+        calls = {
+            leaf.op
+            for leaf in tf.nest.flatten(result, expand_composites=True)
+            if leaf.op.type in ("StatefulPartitionedCall", "PartitionedCall")
+        }
+        for op in calls:
+            _keras_compat.run_independently(op)
+        return result
+
+    def on_towers():
+        return [call(i, shards[i], weights[i], sizes, towers) for i in range(towers)]
+
+    def on_one_tower():
+        whole = tf.concat([tf.reshape(batch, [1]), tf.zeros([towers - 1], tf.int32)], 0)
+        return [call(0, data, tf.constant(1.0, tf.float64), whole, 1)]
+
+    return on_towers, on_one_tower

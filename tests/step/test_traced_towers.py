@@ -1,0 +1,100 @@
+"""The tower traced once and called on every tower (issue 34)."""
+
+from __future__ import annotations
+
+import keras
+import numpy as np
+import pytest
+from oracle import assert_close, assert_same_history, assert_same_weights, twin
+
+import kerastower
+
+
+class Counting(keras.layers.Layer):
+    """The identity, counting how often its ``call`` is traced."""
+
+    calls = 0
+
+    def call(self, x):
+        Counting.calls += 1
+        return x
+
+
+def counting_model(towers=4, jit_compile=False, **kwargs) -> keras.Model:
+    keras.utils.set_random_seed(0)
+    inputs = keras.Input((6,))
+    h = keras.layers.BatchNormalization()(keras.layers.Dense(8)(inputs))
+    outputs = keras.layers.Dense(1)(Counting()(h))
+    if towers:
+        model = kerastower.TowerModel(inputs, outputs, towers=towers, **kwargs)
+    else:
+        model = keras.Model(inputs, outputs)
+    model.compile(optimizer="adam", loss="mse", jit_compile=jit_compile)
+    return model
+
+
+X = np.random.default_rng(0).normal(size=(10, 6)).astype("float32")
+Y = X[:, :1] * 2.0
+RUNS = {
+    "train": lambda m: m.train_on_batch(X, Y),
+    "test": lambda m: m.test_on_batch(X, Y),
+    "predict": lambda m: m.predict_on_batch(X),
+}
+
+
+def traces(run, **kwargs) -> int:
+    """How often the first `run` of a model called the counting layer."""
+    model = counting_model(**kwargs)
+    Counting.calls = 0
+    RUNS[run](model)
+    return Counting.calls
+
+
+@pytest.mark.parametrize(
+    ("run", "one_device", "built"), [("train", 2, 1), ("test", 1, 1), ("predict", 1, 0)]
+)
+def test_every_step_traces_the_model_once_for_all_towers(run, one_device, built):
+    # Keras calls the model once to build its metrics before the first
+    # training step (a TowerModel before its first evaluation too), then
+    # each step's trace calls it: once for all 4 towers and for a batch
+    # smaller than the towers, where towers traced one by one called it 5
+    # times (6 for the training step measured before the change).
+    assert traces(run, towers=0) == one_device
+    assert traces(run) == built + 1
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [{"jit_compile": True}, {"replicate_variables": True}, {"global_batch_loss": True}],
+    ids=["xla", "replicas", "global_batch_loss"],
+)
+def test_the_other_settings_trace_one_copy_per_tower(settings):
+    assert traces("train", **settings) >= 1 + 5
+
+
+@pytest.mark.parametrize("batch_size", [3, 4, 7])
+def test_a_traced_tower_trains_as_one_device_on_every_batch_shape(batch_size):
+    # 10 examples in batches of 3 on 4 towers: every step has a tower without
+    # an example, or runs whole on the first tower (the last batch of 1).
+    def build():
+        keras.utils.set_random_seed(1)
+        inputs = keras.Input((6,))
+        # No bias before BatchNormalization: its gradient would be rounding
+        # noise, which Adam scales up to steps of 1e-4.
+        h = keras.layers.Dense(8, use_bias=False)(inputs)
+        h = keras.layers.ReLU()(keras.layers.BatchNormalization()(h))
+        return keras.Model(inputs, keras.layers.Dense(1)(h))
+
+    plain, towers = twin(build, towers=4)
+    for model in (plain, towers):
+        model.compile(optimizer="adam", loss="mse", metrics=["mae"])
+    histories = [
+        m.fit(X, Y, batch_size=batch_size, epochs=2, shuffle=False, verbose=0).history
+        for m in (plain, towers)
+    ]
+    assert_same_history(*histories)
+    assert_same_weights(plain, towers)
+    assert_close(
+        towers.predict(X, batch_size=batch_size, verbose=0),
+        plain.predict(X, batch_size=batch_size, verbose=0),
+    )

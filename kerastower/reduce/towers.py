@@ -230,6 +230,13 @@ def sum_by_dtype(
     out = list(values)
     for dtype in sorted({v.dtype for v in values}, key=lambda d: d.name):
         where = [i for i, v in enumerate(values) if v.dtype == dtype]
+        if len(where) == 1:  # nothing to pack
+            (i,) = where
+            out[i] = tf.reshape(
+                sum_flat(tf.reshape(values[i], [-1])), tf.shape(values[i])
+            )
+            out[i].set_shape(values[i].shape)
+            continue
         flat = tf.concat([tf.reshape(values[i], [-1]) for i in where], axis=0)
         summed = sum_flat(flat)
         sizes = tf.stack([tf.size(values[i]) for i in where])

@@ -104,6 +104,14 @@ class TowerCollectives:
         return summed
 
 
+def _unseen(value: Any) -> Any:
+    """`value`, as a tensor whose value graph optimisation cannot see."""
+    if value is None or isinstance(value, (tf.SparseTensor, tf.RaggedTensor)):
+        return value
+    value = tf.convert_to_tensor(value)
+    return tf.compat.v1.placeholder_with_default(value, value.shape)
+
+
 def _spec(value: Any) -> Any:
     """The `tf.TypeSpec` of `value` with its batch dimension unknown."""
     spec = tf.type_spec_from_value(value)
@@ -165,14 +173,10 @@ def run(
 
     def call(tower, shard, weight, tower_sizes, members):
         group = keys.group_key(model.tower_devices[:members])
-        args = (
-            shard,
-            weight,
-            tf.constant(tower, tf.int32),
-            tower_sizes,
-            tf.constant(members, tf.int32),
-            tf.constant(group, tf.int32),
-        )
+        args = (shard, weight, tower, tower_sizes, members, group)
+        # Grappler specialises a function for each call whose inputs are
+        # constants, and optimises each specialisation: unseen, they are not.
+        args = tf.nest.map_structure(_unseen, args)
         device = model.tower_devices[tower]
         with tf.device(device), _keras_compat.calls_without_graph_optimizer():
             result = concrete(*args)

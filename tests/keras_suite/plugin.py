@@ -20,7 +20,7 @@ mix Keras's backend ``Trainer`` into a layer (``class ExampleModel(Trainer,
 layers.Dense)``); they are no `keras.Model` and keep running on Keras.
 
 In both modes the plugin counts `TowerModel` instances and executed tower
-steps (calls of ``TowerStep.run_towers`` that ran, in graph or eager mode)
+steps (calls of ``TowerRuns.split_run`` that ran, in graph or eager mode)
 and writes them to ``--tower-report``: the runner fails when a swapped run
 made no `TowerModel` or ran no tower step, or a baseline run made any.
 """
@@ -43,7 +43,7 @@ from keras.src import models as keras_models  # noqa: E402
 
 import kerastower  # noqa: E402
 from kerastower import TowerModel  # noqa: E402
-from kerastower.step.tower_step import TowerStep  # noqa: E402
+from kerastower.step.tower_runs import TowerRuns  # noqa: E402
 
 NUM_TOWERS = 4
 kerastower.configure_logical_devices(NUM_TOWERS)
@@ -111,10 +111,10 @@ class _Counters:
         with tf.device("/device:CPU:0"):
             self.tower_steps = tf.Variable(0, dtype=tf.int64, trainable=False)
         original_new = TowerModel.__new__
-        original_run_towers = getattr(TowerStep, "run_towers", None)
-        if original_run_towers is None:
+        original_split_run = getattr(TowerRuns, "split_run", None)
+        if original_split_run is None:
             raise RuntimeError(
-                "kerastower.step.tower_step.TowerStep.run_towers, through which the "
+                "kerastower.step.tower_runs.TowerRuns.split_run, through which the "
                 "Keras suite counts tower steps, is gone: update plugin.py."
             )
         counters = self
@@ -124,13 +124,13 @@ class _Counters:
             counters.instances[type(instance).__name__] += 1
             return instance
 
-        def counting_run_towers(self, *args, **kwargs):
+        def counting_split_run(self, *args, **kwargs):
             counters.traced_towers[self.model.num_towers] += 1
             counters.tower_steps.assign_add(1)
-            return original_run_towers(self, *args, **kwargs)
+            return original_split_run(self, *args, **kwargs)
 
         TowerModel.__new__ = staticmethod(counting_new)
-        TowerStep.run_towers = counting_run_towers
+        TowerRuns.split_run = counting_split_run
 
     def as_dict(self) -> dict:
         instances, steps = self.totals()

@@ -83,7 +83,7 @@ def _synchronise_batch_norm(model, towers: int) -> None:
     import tensorflow as tf
 
     from kerastower import _keras_compat
-    from kerastower.reduce.towers import self_adjoint, sum_by_dtype
+    from kerastower.reduce.towers import sum_by_dtype
     from kerastower.step.batch_norm import global_moments
 
     instance_keys = iter(range(1, 1 << 30))
@@ -105,9 +105,7 @@ def _synchronise_batch_norm(model, towers: int) -> None:
 
         return sum_by_dtype(values, collective)
 
-    moments = functools.partial(
-        global_moments, sum_fn=lambda values: self_adjoint(values, collective_sum)
-    )
+    moments = functools.partial(global_moments, total=collective_sum)
     for layer in _keras_compat.inner_layers(model):
         if isinstance(layer, keras.layers.BatchNormalization):
             _keras_compat.override_batch_norm_moments(layer, moments)

@@ -18,7 +18,7 @@ from kerastower.reduce import replica_setting, workers
 from kerastower.reduce.accumulation import GradientAccumulator
 from kerastower.reduce.replicas import Replicas
 from kerastower.reduce.ring import AllReduceOptions
-from kerastower.step import checks, custom_step
+from kerastower.step import checks, custom_step, traced_towers
 from kerastower.step.tower_step import TowerStep
 from kerastower.strategy import TowerStrategy
 
@@ -240,6 +240,12 @@ class TowerModel(EntryPoints, _keras_compat.TrainerHooks, keras.Model):
     @property
     def _tower_train_step(self):
         return TowerModel.train_step
+
+    def _step_optimised_once(self, step: str) -> bool:
+        """Whether Keras's function for `step` ("train_step", ...) gets one
+        round of Grappler: the step is ours and traces its towers once."""
+        own = getattr(type(self), step) is getattr(TowerModel, step)
+        return own and traced_towers.applies(self, self._tower_step.replicas)
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)

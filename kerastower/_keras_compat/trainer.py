@@ -10,7 +10,7 @@ import warnings
 import keras
 import tensorflow as tf
 
-from kerastower._keras_compat import xla
+from kerastower._keras_compat import tower_calls, xla
 from kerastower._keras_compat.errors import _attribute, _fail
 
 
@@ -260,15 +260,32 @@ class TrainerHooks:
     # the step that holds them all.
     def make_train_function(self, force=False):
         with self._step_functions():
-            return super().make_train_function(force)
+            made = super().make_train_function(force)
+        self.train_function = self._outer_step(self.train_function, "train_step")
+        return made
 
     def make_test_function(self, force=False):
         with self._step_functions():
-            return super().make_test_function(force)
+            made = super().make_test_function(force)
+        self.test_function = self._outer_step(self.test_function, "test_step")
+        return made
 
     def make_predict_function(self, force=False):
         with self._step_functions():
-            return super().make_predict_function(force)
+            made = super().make_predict_function(force)
+        self.predict_function = self._outer_step(self.predict_function, "predict_step")
+        return made
+
+    def _outer_step(self, function, step: str):
+        # Where the step calls its towers traced once, one round of Grappler
+        # (`_step_optimised_once`).
+        if (
+            function is None
+            or isinstance(function, tower_calls.OptimisedOnce)
+            or not self._step_optimised_once(step)
+        ):
+            return function
+        return tower_calls.OptimisedOnce(function)
 
     def _step_functions(self):
         if self.num_towers > 1:

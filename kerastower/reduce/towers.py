@@ -43,7 +43,7 @@ def sum_over_towers(values: Sequence[tf.Tensor]) -> list[tf.Tensor]:
     Differentiable: the gradient of each tower's value is the sum of the
     upstream gradients over the towers (see `self_adjoint`).
     """
-    return self_adjoint(values, _all_reduce)
+    return self_adjoint(values, all_reduce)
 
 
 def self_adjoint(
@@ -141,7 +141,7 @@ def gather_over_towers(
     return gathered
 
 
-def _all_reduce(values: Sequence[tf.Tensor]) -> list[tf.Tensor]:
+def all_reduce(values: Sequence[tf.Tensor]) -> list[tf.Tensor]:
     """Sums tensors without gradient over the towers of this step."""
     context = tf.distribute.get_replica_context()
     return list(context.all_reduce(tf.distribute.ReduceOp.SUM, list(values)))
@@ -179,21 +179,21 @@ class TowerSum:
         self.next_key = 0  # the next key's place in the block
 
     def __call__(self, values: Sequence[tf.Tensor]) -> list[tf.Tensor]:
+        return self_adjoint(list(values), self.total)
+
+    def total(self, values: Sequence[tf.Tensor]) -> list[tf.Tensor]:
+        """The sums, without gradient (`__call__` differentiates them)."""
         values = list(values)
         if self.workers == 1:
-            return sum_over_towers(values)
-
-        return self_adjoint(values, self._sum)
-
-    def _sum(self, values: Sequence[tf.Tensor]) -> list[tf.Tensor]:
-        local = _all_reduce(values)
+            return all_reduce(values)
+        local = all_reduce(values)
         context = tf.distribute.get_replica_context()
         replica = tf.get_static_value(context.replica_id_in_sync_group)
         if replica == 0:
             mine = self._over_workers(local)
         else:
             mine = [tf.zeros_like(v) for v in local]
-        return _all_reduce(mine)
+        return all_reduce(mine)
 
     def _over_workers(self, values: Sequence[tf.Tensor]) -> list[tf.Tensor]:
         """One collective per dtype, over the first towers of all workers."""
@@ -230,17 +230,13 @@ def sum_by_dtype(
     out = list(values)
     for dtype in sorted({v.dtype for v in values}, key=lambda d: d.name):
         where = [i for i, v in enumerate(values) if v.dtype == dtype]
+        flat = [tf.reshape(values[i], [-1]) for i in where]
         if len(where) == 1:  # nothing to pack
-            (i,) = where
-            out[i] = tf.reshape(
-                sum_flat(tf.reshape(values[i], [-1])), tf.shape(values[i])
-            )
-            out[i].set_shape(values[i].shape)
-            continue
-        flat = tf.concat([tf.reshape(values[i], [-1]) for i in where], axis=0)
-        summed = sum_flat(flat)
-        sizes = tf.stack([tf.size(values[i]) for i in where])
-        pieces = tf.split(summed, sizes, num=len(where))
+            pieces = [sum_flat(flat[0])]
+        else:
+            summed = sum_flat(tf.concat(flat, axis=0))
+            sizes = tf.stack([tf.size(values[i]) for i in where])
+            pieces = tf.split(summed, sizes, num=len(where))
         for i, piece in zip(where, pieces):
             out[i] = tf.reshape(piece, tf.shape(values[i]))
             out[i].set_shape(values[i].shape)

@@ -16,7 +16,8 @@ loses float32 precision where the variance is small against the squared mean
 
 With a Keras mask the counts are those of the unmasked positions, and the
 divisions add Keras's ``epsilon()`` to the count, as the layer does on one
-device.
+device. Without one, both statistics share one gradient, with one sum over
+the towers in the backward pass (`_moments`).
 """
 
 from __future__ import annotations
@@ -26,14 +27,14 @@ from collections.abc import Callable, Sequence
 import keras
 import tensorflow as tf
 
-from kerastower.reduce.towers import sum_over_towers
+from kerastower.reduce.towers import all_reduce, self_adjoint
 
 
 def global_moments(
     inputs: tf.Tensor,
     axes,
     mask: tf.Tensor | None = None,
-    sum_fn: Callable[[Sequence[tf.Tensor]], list[tf.Tensor]] = sum_over_towers,
+    total: Callable[[Sequence[tf.Tensor]], list[tf.Tensor]] = all_reduce,
 ):
     """The mean and variance of `inputs` over `axes` and over all towers.
 
@@ -41,8 +42,8 @@ def global_moments(
         inputs: This tower's activations.
         axes: The reduction axes (every axis but the feature axis).
         mask: A Keras mask over the leading axes of `inputs`, or ``None``.
-        sum_fn: Sums a list of tensors over every tower (of every worker:
-            a `kerastower.reduce.towers.TowerSum`).
+        total: Sums a list of tensors over every tower (of every worker:
+            `kerastower.reduce.towers.TowerSum.total`), without gradient.
 
     Returns:
         ``(mean, variance)``, squeezed to the feature axis, in the dtype of
@@ -52,31 +53,76 @@ def global_moments(
     x = tf.cast(inputs, tf.float32) if dtype in (tf.float16, tf.bfloat16) else inputs
     axes = list(axes)
     if mask is None:
-        weights = None
-        count = tf.cast(tf.reduce_prod(tf.gather(tf.shape(x), axes)), x.dtype)
-        count = tf.reshape(count, [1] * x.shape.rank)
-        total, count = sum_fn([tf.reduce_sum(x, axes, keepdims=True), count])
-        divisor = count
+        mean, variance = _moments(x, axes, total)
     else:
-        weights = tf.cast(
-            tf.broadcast_to(tf.expand_dims(mask, -1), tf.shape(x)), x.dtype
-        )
-        total, count = sum_fn(
-            [
-                tf.reduce_sum(x * weights, axes, keepdims=True),
-                tf.reduce_sum(weights, axes, keepdims=True),
-            ]
-        )
-        divisor = count + keras.backend.epsilon()
-    mean = tf.math.divide_no_nan(total, divisor)
-    deviation = x - tf.stop_gradient(mean) if mask is None else x - mean
-    squares = tf.square(deviation)
-    if weights is not None:
-        squares = squares * weights
-    (squared,) = sum_fn([tf.reduce_sum(squares, axes, keepdims=True)])
-    variance = tf.math.divide_no_nan(squared, divisor)
+        mean, variance = _masked_moments(x, axes, mask, total)
     mean, variance = tf.squeeze(mean, axes), tf.squeeze(variance, axes)
     if dtype in (tf.float16, tf.bfloat16):
         mean = tf.cast(tf.clip_by_value(mean, dtype.min, dtype.max), dtype)
         variance = tf.cast(tf.clip_by_value(variance, dtype.min, dtype.max), dtype)
     return mean, variance
+
+
+def _moments(x: tf.Tensor, axes: list[int], total: Callable) -> tuple:
+    """Unmasked moments, with one gradient for both.
+
+    As one device's `tf.nn.moments` does, the variance holds the mean
+    constant (``stop_gradient``), so the gradient of the towers' loss with
+    respect to this tower's ``x`` is
+
+    ``dx = G_m + 2 (x - mean) G_v``, ``G_m = sum_t g_m,t / C`` and
+    ``G_v = sum_t g_v,t / C``,
+
+    where ``g_m,t`` and ``g_v,t`` are tower ``t``'s upstream gradients of
+    the mean and the variance and ``C`` the count: one sum over the towers
+    in the backward pass, where differentiating the two sums separately
+    took two, and four custom gradients per layer instead of two (the
+    first step's trace, on ResNet50's 53 layers and DenseNet121's 120).
+    """
+    stopped = tf.stop_gradient(x)
+    count = tf.cast(tf.reduce_prod(tf.gather(tf.shape(x), axes)), x.dtype)
+    count = tf.reshape(count, [1] * x.shape.rank)
+    summed, count = total([tf.reduce_sum(stopped, axes, keepdims=True), count])
+    mean = tf.math.divide_no_nan(summed, count)
+    deviation = stopped - mean
+    (squared,) = total([tf.reduce_sum(tf.square(deviation), axes, keepdims=True)])
+    variance = tf.math.divide_no_nan(squared, count)
+
+    @tf.custom_gradient
+    def attach(x, mean, variance):
+        def grad(upstream_mean, upstream_variance):
+            upstream = [
+                tf.zeros_like(value) if g is None else tf.math.divide_no_nan(g, count)
+                for g, value in ((upstream_mean, mean), (upstream_variance, variance))
+            ]
+            per_mean, per_variance = self_adjoint(upstream, total)
+            # Differentiable again (a gradient penalty), as one device's.
+            dx = per_mean + per_variance * ((x - tf.stop_gradient(mean)) * 2.0)
+            return dx, None, None
+
+        return (tf.identity(mean), tf.identity(variance)), grad
+
+    return attach(x, mean, variance)
+
+
+def _masked_moments(
+    x: tf.Tensor, axes: list[int], mask: tf.Tensor, total: Callable
+) -> tuple:
+    """Moments of the unmasked positions; the variance differentiates
+    through the mean, as the layer's own masked moments do."""
+
+    def sum_fn(values):
+        return self_adjoint(values, total)
+
+    weights = tf.cast(tf.broadcast_to(tf.expand_dims(mask, -1), tf.shape(x)), x.dtype)
+    summed, count = sum_fn(
+        [
+            tf.reduce_sum(x * weights, axes, keepdims=True),
+            tf.reduce_sum(weights, axes, keepdims=True),
+        ]
+    )
+    divisor = count + keras.backend.epsilon()
+    mean = tf.math.divide_no_nan(summed, divisor)
+    squares = tf.square(x - mean) * weights
+    (squared,) = sum_fn([tf.reduce_sum(squares, axes, keepdims=True)])
+    return mean, tf.math.divide_no_nan(squared, divisor)

@@ -128,6 +128,32 @@ def tensor_split_sizes(batch_size: tf.Tensor, towers: int) -> tf.Tensor:
     return base + extra
 
 
+def tower_shards(
+    data: Any, batch: tf.Tensor, total: tf.Tensor, towers: int
+) -> tuple[tf.Tensor, tf.Tensor, list[Any]]:
+    """The towers' sizes, weights and shards of the global batch `data`.
+
+    Args:
+        data: The batch, a nest of tensors of ``batch`` rows.
+        batch: Its rows, an int32 scalar tensor.
+        total: The examples the weights divide by, ``B`` (this worker's
+            batch, or every worker's).
+        towers: ``N``.
+
+    Returns:
+        ``(sizes, weights, shards)``: ``n_i`` (int32, ``(N,)``), hidden from
+        shape inference so that a tower's static batch size is unknown
+        whatever the global batch (see `sum_gradients`); ``n_i / B`` in
+        float64, the correctly rounded share in any dtype once cast; and
+        the ``N`` contiguous shards.
+    """
+    sizes = tf.compat.v1.placeholder_with_default(
+        tensor_split_sizes(batch, towers), [towers]
+    )
+    weights = tf.cast(sizes, tf.float64) / tf.cast(total, tf.float64)
+    return sizes, weights, split_nest(data, sizes, towers)
+
+
 def first_leaf(structure: Any) -> tf.Tensor:
     """Returns the first tensor of a nest that is not ``None``."""
     return next(t for t in tf.nest.flatten(structure) if t is not None)

@@ -61,7 +61,7 @@ def tower_context(
     if sync_batch_norm and model.sync_batch_norm:
         for layer in _keras_compat.inner_layers(model):
             if isinstance(layer, keras.layers.BatchNormalization):
-                moments = functools.partial(global_moments, sum_fn=sum_fn)
+                moments = functools.partial(global_moments, total=sum_fn.total)
                 _keras_compat.override_batch_norm_moments(layer, moments)
                 patched.append(layer)
     records: dict = {}

@@ -20,12 +20,7 @@ from kerastower import _keras_compat, multi_worker
 from kerastower.reduce import keys, workers
 from kerastower.reduce.towers import TowerSum
 from kerastower.step import checks, layer_updates, traced_towers
-from kerastower.step.shards import (
-    first_leaf,
-    local_results,
-    split_nest,
-    tensor_split_sizes,
-)
+from kerastower.step.shards import first_leaf, local_results, tower_shards
 from kerastower.step.tower_context import tower_context
 
 
@@ -65,9 +60,12 @@ class TowerRuns:
         workers). A batch smaller than the number of towers would leave towers
         without an example, which some TensorFlow kernels mishandle (oneDNN
         convolutions return a wrongly shaped empty tensor), so it runs whole on
-        the first tower instead, exactly as on one device (there without
-        XLA, which compiles the towers' ops only). With one tower under XLA
-        the tower always runs: XLA would keep both whole-model branches.
+        the first tower instead, as on one device: with copies, one device's
+        own trace (there without XLA, which compiles the towers' ops only);
+        with the tower traced once, that function on the whole batch, whose
+        statistics are sums over one tower (equal to float tolerance). With
+        one tower under XLA the tower always runs: XLA would keep both
+        whole-model branches.
         """
         model = self.model
         if model.num_towers > 1:
@@ -128,13 +126,18 @@ class TowerRuns:
             one_tower_warnings.append(caught)
             return result
 
-        # Each tower traces the model, and so does the one-tower branch: a
-        # warning raised by a layer would show once per tower. The one-tower
-        # branch traces exactly as one device does: show its warnings, or,
-        # where only the towers ran (eager), each distinct one once.
+        # Copies trace the model once per tower, and so does the one-tower
+        # branch: a warning raised by a layer would show once per tower. The
+        # one-tower branch traces as one device does: show its warnings, or,
+        # where only the towers ran (eager) or the tower is traced once,
+        # each distinct one once.
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            if state is not None and traced_towers.applies(model, self.replicas):
+            if (
+                state is not None
+                and not tf.executing_eagerly()
+                and traced_towers.applies(model, self.replicas)
+            ):
 
                 def traced_fn(shard, weight, sizes):
                     sum_fn = new_sum()
@@ -174,16 +177,7 @@ class TowerRuns:
 
     def run_copies(self, tower_fn, data, batch, total, sum_fn, offset=0):
         """Splits `data` into shards and runs `tower_fn` on every tower."""
-        towers = self.model.num_towers
-        # Hide the sizes from shape inference, so that a tower's static batch
-        # size is unknown whatever the global batch (see `sum_gradients`).
-        sizes = tf.compat.v1.placeholder_with_default(
-            tensor_split_sizes(batch, towers), [towers]
-        )
-        # In float64, then cast to the loss's dtype: the correctly rounded
-        # share in any dtype (float64 models train exactly too).
-        weights = tf.cast(sizes, tf.float64) / tf.cast(total, tf.float64)
-        shards = split_nest(data, sizes, towers)
+        sizes, weights, shards = tower_shards(data, batch, total, self.model.num_towers)
         strategy = self.model.tower_strategy
         inputs = strategy.experimental_distribute_values_from_function(
             lambda ctx: (

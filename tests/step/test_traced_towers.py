@@ -5,9 +5,15 @@ from __future__ import annotations
 import keras
 import numpy as np
 import pytest
+import tensorflow as tf
 from oracle import assert_close, assert_same_history, assert_same_weights, twin
 
 import kerastower
+
+try:  # the test reads which graph optimisation a step function runs with
+    from tensorflow.python.eager import context
+except ImportError:  # pragma: no cover - depends on TensorFlow
+    context = None
 
 
 class Counting(keras.layers.Layer):
@@ -100,3 +106,55 @@ def test_a_traced_tower_trains_as_one_device_on_every_batch_shape(batch_size):
         towers.predict(X, batch_size=batch_size, verbose=0),
         plain.predict(X, batch_size=batch_size, verbose=0),
     )
+
+
+class Rounds(keras.layers.Layer):
+    """The identity, recording whether the function calls made where it is
+    traced get one round of Grappler (TensorFlow's default: two)."""
+
+    seen: list[bool] = []
+
+    def call(self, x):
+        options = context.context().function_call_options
+        config = tf.compat.v1.ConfigProto.FromString(options.config_proto_serialized)
+        rewrite = config.graph_options.rewrite_options
+        Rounds.seen.append(rewrite.meta_optimizer_iterations == rewrite.ONE)
+        return x
+
+
+class OwnStep(kerastower.TowerModel):
+    def train_step(self, data):
+        return super().train_step(data)
+
+
+@pytest.mark.parametrize(
+    ("cls", "settings", "once"),
+    [
+        (kerastower.TowerModel, {"replicate_variables": False}, True),
+        (kerastower.TowerModel, {"replicate_variables": True}, False),
+        (kerastower.TowerModel, {"replicate_variables": False, "towers": 1}, False),
+        (OwnStep, {"replicate_variables": False}, False),
+    ],
+    ids=["traced", "replicas", "one_tower", "own_train_step"],
+)
+@pytest.mark.parametrize("run", ["train", "test", "predict"])
+@pytest.mark.filterwarnings("ignore:OwnStep overrides `train_step`")
+def test_step_functions_get_one_round_of_grappler_where_towers_are_traced_once(
+    cls, settings, once, run
+):
+    # A step traces inside its function's call, so the options the layer
+    # sees are those the step function is called, and instantiated, with.
+    # Where it calls its towers traced once, Grappler's second round found
+    # nothing and took seconds; where it traces copies (replicas) or runs
+    # the user's own `train_step`, Keras's default stays.
+    settings = {"towers": 4, **settings}
+    keras.utils.set_random_seed(0)
+    inputs = keras.Input((6,))
+    outputs = keras.layers.Dense(1)(Rounds()(inputs))
+    model = cls(inputs, outputs, **settings)
+    model.compile(optimizer="sgd", loss="mse")
+    Rounds.seen = []
+    RUNS[run](model)
+    if cls is OwnStep and run != "train":
+        once = True  # its test and predict steps are TowerModel's
+    assert Rounds.seen[-1] is once

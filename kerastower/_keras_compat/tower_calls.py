@@ -114,6 +114,8 @@ class OptimisedOnce:
             return self.function(*args, **kwargs)
 
     def __getattr__(self, name: str):
+        if name == "function":  # not set yet (a copy being made)
+            raise AttributeError(name)
         return getattr(self.function, name)
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import keras
 import numpy as np
 import pytest
@@ -158,3 +160,5 @@ def test_step_functions_get_one_round_of_grappler_where_towers_are_traced_once(
     if cls is OwnStep and run != "train":
         once = True  # its test and predict steps are TowerModel's
     assert Rounds.seen[-1] is once
+    # The wrapper copies, as Keras's own function does.
+    assert callable(copy.copy(getattr(model, f"{run}_function")))

@@ -16,9 +16,8 @@ from __future__ import annotations
 
 from typing import Any
 
-import keras
-
 from kerastower import heartbeats
+from kerastower._keras_compat.family import keras
 from kerastower.reduce.replicas import Replicas
 from kerastower.reduce.workers import BroadcastFromChief
 

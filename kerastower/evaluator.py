@@ -23,9 +23,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-import keras
 import tensorflow as tf
 
+from kerastower._keras_compat.family import keras
 from kerastower.callbacks.checkpoint_files import (
     checkpoint_epoch,
     list_checkpoints,

@@ -81,7 +81,7 @@ def heartbeat_callback():
     path = os.environ.get(HEARTBEAT_VARIABLE)
     if not path:
         return None
-    import keras
+    from kerastower._keras_compat.family import keras
 
     if path not in _RECORDS:
         _RECORDS[path] = _Record(path)

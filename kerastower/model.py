@@ -7,12 +7,12 @@ import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import keras
 import tensorflow as tf
 
 from kerastower import _keras_compat, cluster, multi_worker
 from kerastower import devices as devices_lib
 from kerastower._keras_compat import Functional, functional_init_arguments
+from kerastower._keras_compat.family import keras
 from kerastower.entry_points import EntryPoints
 from kerastower.reduce import replica_setting, workers
 from kerastower.reduce.accumulation import GradientAccumulator

@@ -30,7 +30,7 @@ import math
 import numbers
 from typing import Any
 
-import keras
+from kerastower._keras_compat.family import keras
 
 RULES = ("linear", "sqrt")
 

@@ -71,7 +71,8 @@ def test_the_fence_states_the_range_pyproject_declares():
 @pytest.mark.parametrize(
     "keras_version, tensorflow_version, message",
     [
-        ("2.15.0", "2.15.1", r"runs on Keras 3 .* Received: keras==2.15.0"),
+        ("2.11.0", "2.11.1", r"Keras 2 >=2.12,<2.22 .* keras==2.11.0"),
+        ("2.15.0", "2.16.1", r"tf_keras~=2.16.0.* keras==2.15.0, tensorflow==2.16"),
         ("3.7.0", "2.18.1", r"pip install 'keras>=3.8,<3.16'.*keras==3.7.0"),
         ("3.15.1", "2.16.1", r"TensorFlow >=2.16.2,<2.22.*tensorflow==2.16.1"),
     ],
@@ -96,6 +97,12 @@ def test_a_newer_keras_or_tensorflow_than_tested_warns():
         warnings.simplefilter("error")
         for keras_version in ("3.8.0", "3.10.0", "3.13.2", "3.15.1"):
             errors.check_installed(keras_version, "2.16.2")
+        for keras_version, tensorflow_version in (
+            ("2.12.0", "2.12.1"),
+            ("2.15.0", "2.15.1"),
+            ("2.21.0", "2.21.0"),
+        ):
+            errors.check_installed(keras_version, tensorflow_version)
 
 
 def test_a_removed_tensorflow_hook_is_an_error_naming_it(monkeypatch):

@@ -5,11 +5,12 @@ from __future__ import annotations
 import inspect
 import warnings
 
-import keras
 import numpy as np
 import tensorflow as tf
 
+from kerastower._keras_compat.checkpoints import CheckpointRouting
 from kerastower._keras_compat.errors import KERAS_MINOR, _attribute, _fail
+from kerastower._keras_compat.family import KERAS_VERSION, keras
 
 
 def _import_utils():
@@ -43,16 +44,8 @@ def set_initial_epoch(model, epoch: int | None) -> None:
     model._initial_epoch = epoch
 
 
-class CheckpointHooks:
-    """Routes `keras.callbacks.ModelCheckpoint`'s private save hook to
-    ``save_checkpoint(epoch, batch, logs)`` and exposes its helpers."""
-
-    def _save_model(self, epoch, batch, logs):
-        self.save_checkpoint(epoch, batch, logs)
-
-    def checkpoint_path(self, epoch: int, batch: int | None, logs) -> str:
-        """The file the checkpoint of this epoch (and batch) goes to."""
-        return self._get_file_path(epoch, batch, logs)
+class CheckpointHooks(CheckpointRouting):
+    """`CheckpointRouting`, and Keras's decision whether to save."""
 
     def should_save(self, epoch: int, batch: int | None, logs, path: str) -> bool:
         """Whether Keras's rules (``save_best_only``, ...) save this one."""
@@ -129,15 +122,6 @@ def _check_checkpoint_hooks() -> None:
 _check_checkpoint_hooks()
 
 
-def strategy_num_workers(strategy: tf.distribute.Strategy) -> int:
-    """How many workers `strategy` spans (1 for one-machine strategies)."""
-    if not isinstance(strategy, tf.distribute.experimental.MultiWorkerMirroredStrategy):
-        return 1
-    return int(
-        _attribute(strategy.extended, "_num_workers", "CollectiveAllReduceExtended")
-    )
-
-
 def learning_rate_slot(optimizer):
     """The optimizer's learning rate as it holds it: a variable or a schedule.
 
@@ -166,7 +150,7 @@ def check_execution_steps(model, callback: str) -> None:
     if not _REPORTS_LAST_STEP and steps > 1:
         raise ValueError(
             f"`{callback}` counts the steps of each execution, which Keras "
-            f"{keras.__version__} does not tell callbacks (Keras 3.11 and newer "
+            f"{KERAS_VERSION} does not tell callbacks (Keras 3.11 and newer "
             "do): upgrade Keras, or compile with `steps_per_execution=1`. "
             f"Received: steps_per_execution={steps}"
         )

@@ -205,3 +205,14 @@ def call_time_value(fn: Callable[[], int], dtype: tf.DType = tf.int32) -> tf.Ten
     capture = _attribute(graph, "capture_call_time_value", "FuncGraph")
     with graph.as_default():
         return capture(lambda: call_time_value(fn, dtype), tf.TensorSpec([], dtype))
+
+
+def strategy_num_workers(strategy: tf.distribute.Strategy) -> int:
+    """How many workers `strategy` spans (1 for one-machine strategies)."""
+    if not isinstance(strategy, tf.distribute.experimental.MultiWorkerMirroredStrategy):
+        return 1
+    return int(
+        _keras_attribute(
+            strategy.extended, "_num_workers", "CollectiveAllReduceExtended"
+        )
+    )

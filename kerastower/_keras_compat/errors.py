@@ -5,12 +5,20 @@ from __future__ import annotations
 import re
 import warnings
 
-import keras
+from kerastower._keras_compat.family import KERAS_VERSION
 
+# Keras 3, the newest TensorFlow with it.
 SUPPORTED_KERAS = ">=3.8,<3.16"
 SUPPORTED_TENSORFLOW = ">=2.16.2,<2.22"
 _KERAS_RANGE = ((3, 8), (3, 16))
 _TENSORFLOW_RANGE = ((2, 16, 2), (2, 22))
+# Keras 2: the `keras` 2.12 to 2.15 that TensorFlow 2.12 to 2.15 ship as
+# `tf.keras`, and `tf_keras` 2.16 to 2.21 beside the TensorFlow of its own
+# minor version.
+SUPPORTED_KERAS_2 = ">=2.12,<2.22"
+SUPPORTED_TENSORFLOW_2 = ">=2.12,<2.22"
+_KERAS_2_RANGE = ((2, 12), (2, 22))
+_TENSORFLOW_2_RANGE = ((2, 12), (2, 22))
 INSTALLATION = "https://kerastower.github.io/kerastower/installation/"
 
 _MISSING = object()
@@ -23,8 +31,9 @@ class KerasCompatibilityError(RuntimeError):
 def _fail(hook: str, detail: str) -> KerasCompatibilityError:
     return KerasCompatibilityError(
         f"kerastower needs the Keras hook `{hook}`, which {detail} in the "
-        f"installed Keras {keras.__version__}; kerastower supports Keras "
-        f"{SUPPORTED_KERAS}. Install a supported Keras, or report this."
+        f"installed Keras {KERAS_VERSION}; kerastower supports Keras "
+        f"{SUPPORTED_KERAS if KERAS_MINOR[0] >= 3 else SUPPORTED_KERAS_2}. "
+        "Install a supported Keras, or report this."
     )
 
 
@@ -54,23 +63,20 @@ def check_installed(keras_version: str, tensorflow_version: str) -> None:
     """Raises for a Keras or TensorFlow older than supported; warns if newer.
 
     Args:
-        keras_version: The installed Keras's ``__version__``.
+        keras_version: The ``__version__`` of the Keras in use (`keras`, or
+            `tf_keras` under ``TF_USE_LEGACY_KERAS``).
         tensorflow_version: The installed TensorFlow's ``__version__``.
 
     Raises:
-        KerasCompatibilityError: For Keras 2 (TensorFlow 2.15 and older ship
-            it), Keras older than 3.8 or TensorFlow older than 2.16.2.
+        KerasCompatibilityError: For Keras 2 older than 2.12 or a `tf_keras`
+            of another TensorFlow release than the installed one, Keras 3
+            older than 3.8, or a TensorFlow older than the family supports.
     """
     keras_release = _release(keras_version)
     tensorflow_release = _release(tensorflow_version)
     if keras_release[0] < 3:
-        raise KerasCompatibilityError(
-            f"kerastower runs on Keras 3 ({SUPPORTED_KERAS}), and `import "
-            f"keras` gives Keras {keras_version} (Keras 2, which TensorFlow "
-            "2.15 and older ship). Upgrade to TensorFlow 2.16.2 or newer with "
-            f"Keras 3; see {INSTALLATION}#on-tensorflow-212-to-215. Received: "
-            f"keras=={keras_version}"
-        )
+        _check_keras_2(keras_version, tensorflow_version)
+        return
     if keras_release[:2] < _KERAS_RANGE[0]:
         raise KerasCompatibilityError(
             f"kerastower supports Keras {SUPPORTED_KERAS}: install one with "
@@ -101,14 +107,41 @@ def check_installed(keras_version: str, tensorflow_version: str) -> None:
         )
 
 
+def _check_keras_2(keras_version: str, tensorflow_version: str) -> None:
+    keras_release = _release(keras_version)[:2]
+    tensorflow_release = _release(tensorflow_version)[:2]
+    if keras_release < _KERAS_2_RANGE[0] or tensorflow_release < _TENSORFLOW_2_RANGE[0]:
+        raise KerasCompatibilityError(
+            f"kerastower supports Keras 2 {SUPPORTED_KERAS_2} with TensorFlow "
+            f"{SUPPORTED_TENSORFLOW_2} (the Keras 2 of TensorFlow 2.12 or newer): "
+            f"upgrade TensorFlow; see {INSTALLATION}. Received: "
+            f"keras=={keras_version}, tensorflow=={tensorflow_version}"
+        )
+    if keras_release != tensorflow_release:
+        raise KerasCompatibilityError(
+            f"Keras 2 must be the release of the installed TensorFlow "
+            f"({tensorflow_version}): install it with `pip install "
+            f"'tf_keras~={'.'.join(map(str, tensorflow_release))}.0'`. "
+            f"Received: keras=={keras_version}, tensorflow=={tensorflow_version}"
+        )
+    if keras_release >= _KERAS_2_RANGE[1]:
+        warnings.warn(
+            f"kerastower is tested with Keras 2 {SUPPORTED_KERAS_2}; "
+            f"Keras {keras_version} is newer. Every Keras and TensorFlow hook it "
+            "uses is checked, and one that changed raises "
+            "`KerasCompatibilityError`; report it.",
+            stacklevel=3,
+        )
+
+
 # The installed Keras as ``(major, minor)``, for what differs between releases.
-KERAS_MINOR = _release(keras.__version__)[:2]
+KERAS_MINOR = _release(KERAS_VERSION)[:2]
 
 
 def _check_this_process() -> None:
     import tensorflow as tf
 
-    check_installed(keras.__version__, tf.__version__)
+    check_installed(KERAS_VERSION, tf.__version__)
 
 
 _check_this_process()

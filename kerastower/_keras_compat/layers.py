@@ -6,9 +6,11 @@ import contextlib
 import inspect
 from collections.abc import Iterator
 
-import keras
-
 from kerastower._keras_compat.errors import KERAS_MINOR, _fail
+from kerastower._keras_compat.family import keras
+
+# The layers whose training call assigns a normalised kernel.
+SPECTRAL_NORMALIZATION = (keras.layers.SpectralNormalization,)
 
 
 def _check_spectral_normalization(layer) -> None:
@@ -61,6 +63,10 @@ def _check_stateless_scope() -> None:
         "update",
     ]:
         raise _fail("keras.StatelessScope.add_update(update)", "is missing or changed")
+
+
+# Towers after the first run in a `RecordingScope`.
+RECORDS_ASSIGNMENTS = True
 
 
 class RecordingScope(keras.StatelessScope):

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import functools
 
-import keras
 import numpy as np
 import tensorflow as tf
 
 from kerastower._keras_compat.errors import _fail
+from kerastower._keras_compat.family import keras
 
 # Reductions whose one-device value is ``sum(weighted values) / divisor``.
 NORMALISED_REDUCTIONS = ("sum_over_batch_size", "mean", "mean_with_sample_weight")

@@ -30,10 +30,10 @@ import inspect
 import threading
 from collections.abc import Callable, Iterator
 
-import keras
 import tensorflow as tf
 
 from kerastower._keras_compat.errors import _fail
+from kerastower._keras_compat.family import keras
 
 _local = threading.local()
 _lock = threading.Lock()

@@ -14,9 +14,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-import keras
-
 from kerastower._keras_compat.errors import _attribute, _fail
+from kerastower._keras_compat.family import keras
 
 
 def clone_optimizer(

@@ -157,3 +157,16 @@ def tower_replica_context(strategy, tower: tf.Tensor, sum_fn) -> Iterator[None]:
     _attribute(context, "__enter__", "ReplicaContext")
     with context:
         yield
+
+
+def _accepts_noinline() -> bool:
+    try:
+        tf.function(lambda: None, experimental_attributes={"_noinline": True})
+    except ValueError:  # "_noinline is not supported by tf.function"
+        return False
+    return True
+
+
+# TensorFlow 2.12 refuses ``_noinline`` on a `tf.function`: there the towers
+# are traced one by one (`kerastower.step.traced_towers.applies`).
+NOINLINE_FUNCTIONS = _accepts_noinline()

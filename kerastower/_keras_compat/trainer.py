@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import contextlib
 import inspect
-import re
 import warnings
 
-import keras
 import tensorflow as tf
 
-from kerastower._keras_compat import tower_calls, xla
 from kerastower._keras_compat.errors import _attribute, _fail
+from kerastower._keras_compat.family import keras
+from kerastower._keras_compat.step_functions import StepFunctionHooks, warn_once
 
 
 def register_alias(alias: type, cls: type) -> None:
@@ -72,48 +71,6 @@ def _import_functional():
 Functional, _Trainer, functional_init_arguments = _import_functional()
 
 
-_FUNCTIONAL_VARIANTS: dict[type, type] = {}
-
-
-def functional_variant(cls: type, functional_base: type, root: type, args) -> type:
-    """The class of ``cls(inputs, outputs)`` for a subclass `cls` of `root`.
-
-    ``M(inputs, outputs)`` for ``class M(TowerModel)`` (the keras.io pattern
-    for overriding `compute_loss` or `train_step`) is an instance of a class
-    deriving from both ``M`` and `functional_base` (``FunctionalTowerModel``),
-    made once per ``M``; no class's bases are ever changed, where Keras would
-    rewrite them. It saves and loads under ``M``'s name.
-
-    Args:
-        cls: A subclass of `root`.
-        functional_base: The functional variant of `root`, deriving from
-            `root` and Keras's `Functional`.
-        root: The class whose subclasses get variants (`TowerModel`).
-        args: The constructor's arguments, for the error message.
-
-    Raises:
-        ValueError: If `cls` defines `call`: it cannot also be built from a
-            graph.
-    """
-    if cls is root:
-        return functional_base
-    if cls not in _FUNCTIONAL_VARIANTS:
-        if any("call" in vars(base) for base in cls.__mro__[: cls.__mro__.index(root)]):
-            raise ValueError(
-                f"{cls.__name__} subclasses {root.__name__} and defines `call`; "
-                "it cannot also be built from `inputs` and `outputs`. Build it "
-                f"without them, or drop `call`. Received: args={args!r}"
-            )
-        variant = type(
-            cls.__name__,
-            (cls, functional_base),
-            {"__module__": cls.__module__, "__qualname__": cls.__qualname__},
-        )
-        register_alias(variant, cls)
-        _FUNCTIONAL_VARIANTS[cls] = variant
-    return _FUNCTIONAL_VARIANTS[cls]
-
-
 def init_functional(model, args, kwargs) -> None:
     """Runs Keras's initialisers of a functional model on `model`.
 
@@ -130,11 +87,22 @@ def graph_of(model):
     return getattr(model, "_functional", None) or model
 
 
+def build_before_towers(model, x) -> None:
+    """Nothing: Keras 3 builds before the first step (`_maybe_symbolic_build`)."""
+    del model, x
+
+
 def compute_loss(model, x, y, y_pred, sample_weight, training: bool):
     """`model.compute_loss`, also for overrides without a `training` argument."""
     return _attribute(model, "_compute_loss", "Trainer")(
         x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=training
     )
+
+
+def loss_scaler(optimizer):
+    """What scales the loss before its gradient: ``optimizer.scale_loss``
+    (the identity, or a `LossScaleOptimizer`'s scale)."""
+    return optimizer.scale_loss
 
 
 def forward(model, x, training: bool):
@@ -206,25 +174,6 @@ def per_output_loss_metrics(model) -> list:
     return list(_attribute(compile_loss, "_metrics", "CompileLoss") or [])
 
 
-def warn_once(caught, shown: frozenset = frozenset()) -> frozenset:
-    """Re-raises recorded warnings, each distinct one once, except `shown`.
-
-    Towers trace the model once each; TensorFlow prefixes names with the
-    tower (``replica_1/...``), which is ignored when comparing. Returns the
-    keys of the warnings shown, for a later call's `shown`.
-    """
-    seen = set(shown)
-    for record in caught:
-        text = re.sub(r"replica_\d+/", "", str(record.message))
-        key = (record.category, text, record.filename, record.lineno)
-        if key not in seen:
-            seen.add(key)
-            warnings.warn_explicit(
-                record.message, record.category, record.filename, record.lineno
-            )
-    return frozenset(seen)
-
-
 def _first_batch(iterator):
     """The first batch of a Keras epoch iterator, as Keras's build takes it.
 
@@ -239,58 +188,18 @@ def _first_batch(iterator):
     raise StopIteration
 
 
-def warnings_shown_at_build(model) -> frozenset:
-    """The warnings `TrainerHooks` showed while building `model` (see `warn_once`)."""
-    return getattr(model, "_shown_warnings", frozenset())
-
-
-class TrainerHooks:
+class TrainerHooks(StepFunctionHooks):
     """Overrides of private `keras.Model` trainer hooks for `TowerModel`.
 
-    The decisions stay with the model: ``_splits_steps()`` says whether its
-    steps run on several towers or workers.
+    The decisions stay with the model: ``num_towers`` and
+    ``_builds_before_towers()`` say whether its steps run on several towers
+    or workers.
     """
 
     def _resolve_auto_jit_compile(self):
         if self.num_towers > 1:
             return False  # as Keras does under tf.distribute
         return super()._resolve_auto_jit_compile()
-
-    # With towers, XLA compiles each tower (`xla.compiled_in_towers`), not
-    # the step that holds them all.
-    def make_train_function(self, force=False):
-        with self._step_functions():
-            made = super().make_train_function(force)
-        self.train_function = self._outer_step(self.train_function, "train_step")
-        return made
-
-    def make_test_function(self, force=False):
-        with self._step_functions():
-            made = super().make_test_function(force)
-        self.test_function = self._outer_step(self.test_function, "test_step")
-        return made
-
-    def make_predict_function(self, force=False):
-        with self._step_functions():
-            made = super().make_predict_function(force)
-        self.predict_function = self._outer_step(self.predict_function, "predict_step")
-        return made
-
-    def _outer_step(self, function, step: str):
-        # Where the step calls its towers traced once, one round of Grappler
-        # (`_step_optimised_once`).
-        if (
-            function is None
-            or isinstance(function, tower_calls.OptimisedOnce)
-            or not self._step_optimised_once(step)
-        ):
-            return function
-        return tower_calls.OptimisedOnce(function)
-
-    def _step_functions(self):
-        if self.num_towers > 1:
-            return xla.functions_without_xla(self)
-        return contextlib.nullcontext()
 
     def _maybe_symbolic_build(self, iterator=None, data_batch=None):
         if self._distribute_strategy is not None or not self._builds_before_towers():

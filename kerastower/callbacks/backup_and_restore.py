@@ -9,10 +9,10 @@ import threading
 import warnings
 from collections.abc import Sequence
 
-import keras
 import numpy as np
 
 from kerastower import _keras_compat, cluster
+from kerastower._keras_compat.family import keras
 from kerastower.callbacks.checkpoint_files import (
     TEMP_PREFIX,
     fsync,

@@ -5,10 +5,11 @@ from __future__ import annotations
 import warnings
 from typing import Any
 
-import keras
-from keras import ops
+import tensorflow as tf
 
 from kerastower import _keras_compat, scaling
+from kerastower._keras_compat import family
+from kerastower._keras_compat.family import keras
 
 
 @keras.saving.register_keras_serializable(package="kerastower")
@@ -52,18 +53,18 @@ class ScaledSchedule(keras.optimizers.schedules.LearningRateSchedule):
                 f"Received: schedule={schedule!r}"
             )
         self.schedule = schedule
-        self.factor = keras.Variable(
-            float(factor), dtype="float32", trainable=False, name="lr_scale_factor"
+        self.factor = family.new_variable(
+            float(factor), "float32", "lr_scale_factor", trainable=False
         )
 
     def __call__(self, step):
-        value = ops.convert_to_tensor(self.schedule(step))
-        return value * ops.cast(self.factor, value.dtype)
+        value = tf.convert_to_tensor(self.schedule(step))
+        return value * tf.cast(self.factor, value.dtype)
 
     def get_config(self) -> dict[str, Any]:
         return {
             "schedule": keras.optimizers.schedules.serialize(self.schedule),
-            "factor": float(ops.convert_to_numpy(self.factor)),
+            "factor": float(tf.convert_to_tensor(self.factor).numpy()),
         }
 
 
@@ -264,7 +265,7 @@ class BatchScaling(keras.callbacks.Callback):
             # A step traced by an earlier `fit` would keep calling the old schedule.
             self.model.make_train_function(force=True)
             return scaled.factor
-        if callable(current) and not isinstance(current, keras.Variable):
+        if callable(current) and not isinstance(current, family.Variable):
             raise ValueError(
                 "`BatchScaling` supports a float learning rate or a "
                 "keras.optimizers.schedules.LearningRateSchedule. "
@@ -292,14 +293,14 @@ class BatchScaling(keras.callbacks.Callback):
     def on_epoch_end(self, epoch, logs=None):
         if logs is not None:
             logs["learning_rate"] = float(
-                ops.convert_to_numpy(self.model.optimizer.learning_rate)
+                tf.convert_to_tensor(self.model.optimizer.learning_rate).numpy()
             )
 
     def _check_batch_size(self, last_step: int) -> None:
         expected = self.global_batch_size
         loss_metric = next((m for m in self.model.metrics if m.name == "loss"), None)
         count = getattr(loss_metric, "count", None)
-        examples = round(float(ops.convert_to_numpy(count))) if count is not None else 0
+        examples = 0 if count is None else round(float(family.value_of(count)))
         if examples == 0:
             warnings.warn(
                 "`BatchScaling` could not check the global batch size: the "

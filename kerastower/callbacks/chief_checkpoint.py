@@ -8,9 +8,8 @@ import shutil
 import tempfile
 import warnings
 
-import keras
-
 from kerastower import _keras_compat, cluster
+from kerastower._keras_compat.family import keras
 from kerastower.callbacks.checkpoint_files import (
     TEMP_PREFIX,
     checkpoint_epoch,

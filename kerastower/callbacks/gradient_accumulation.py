@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-import keras
 import tensorflow as tf
 
+from kerastower._keras_compat.family import keras
 from kerastower.reduce.accumulation import (
     GradientAccumulator,
     steps_for_epoch,

@@ -7,12 +7,11 @@ import os
 import time
 from typing import Any
 
-import keras
 import numpy as np
 import tensorflow as tf
-from keras import ops
 
 from kerastower import _keras_compat, cluster
+from kerastower._keras_compat.family import keras
 from kerastower.step.shards import split_sizes
 
 
@@ -107,7 +106,7 @@ def _loss_count(model: keras.Model) -> int | None:
     count = getattr(metric, "count", None)
     if count is None:
         return None
-    return round(float(ops.convert_to_numpy(count)))
+    return round(float(tf.convert_to_tensor(count).numpy()))
 
 
 class TowerMonitor(keras.callbacks.Callback):
@@ -298,7 +297,7 @@ class TowerMonitor(keras.callbacks.Callback):
     def _learning_rate(self) -> float | None:
         optimizer = getattr(self.model, "optimizer", None)
         try:
-            return float(ops.convert_to_numpy(optimizer.learning_rate))
+            return float(tf.convert_to_tensor(optimizer.learning_rate).numpy())
         except (AttributeError, TypeError, ValueError):
             return None
 

@@ -177,14 +177,13 @@ class _VersionAction(argparse.Action):
 
 
 def _version_line() -> str:
-    import keras
     import tensorflow as tf
 
     from kerastower import __version__
+    from kerastower._keras_compat import family
 
     return (
-        f"kerastower {__version__} (TensorFlow {tf.__version__}, "
-        f"Keras {keras.__version__})"
+        f"kerastower {__version__} (TensorFlow {tf.__version__}, {family.describe()})"
     )
 
 

@@ -12,10 +12,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from importlib import resources
 
-import keras
 import numpy as np
 import tensorflow as tf
 
+from kerastower._keras_compat.family import keras
 from kerastower.callbacks.tower_monitor import TowerMonitor
 from kerastower.model import TowerModel
 from kerastower.step.shards import split_sizes

@@ -60,10 +60,10 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import keras
 import tensorflow as tf
 
 from kerastower import _keras_compat
+from kerastower._keras_compat.family import keras
 from kerastower.reduce import ring_gradients
 from kerastower.reduce.ring import AllReduceOptions, Ring
 

@@ -15,10 +15,10 @@ import threading
 from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
-import keras
 import tensorflow as tf
 
 from kerastower import _keras_compat, cluster, multi_worker
+from kerastower._keras_compat.family import keras
 from kerastower.reduce.gradients import merge_rows
 
 

@@ -24,9 +24,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-import keras
 import tensorflow as tf
 
+from kerastower._keras_compat.family import keras
 from kerastower.reduce.towers import all_reduce, self_adjoint
 
 

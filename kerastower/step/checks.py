@@ -10,10 +10,10 @@ from __future__ import annotations
 import warnings
 from typing import Any
 
-import keras
 import tensorflow as tf
 
 from kerastower import _keras_compat
+from kerastower._keras_compat.family import keras
 
 
 def check_no_strategy_scope() -> None:
@@ -157,14 +157,19 @@ def couples_examples(loss: Any) -> bool:
     """
     if isinstance(loss, str):
         loss = keras.losses.get(loss)
-    if loss is keras.losses.circle or isinstance(loss, keras.losses.Circle):
+    if any(loss is f for f in _losses("circle", "dice", "tversky")):
         return True
-    if loss in (keras.losses.dice, keras.losses.tversky):
+    if isinstance(loss, _losses("Circle")):
         return True
-    if isinstance(loss, (keras.losses.Dice, keras.losses.Tversky)):
+    if isinstance(loss, _losses("Dice", "Tversky")):
         axis = loss.get_config().get("axis")
         return axis is None or 0 in tf.nest.flatten(axis)
     return False
+
+
+def _losses(*names: str) -> tuple:
+    """The losses of `keras.losses` so named (Keras 2 has none of these)."""
+    return tuple(getattr(keras.losses, n) for n in names if hasattr(keras.losses, n))
 
 
 def check_no_coupled_loss(model: keras.Model) -> None:

@@ -18,9 +18,9 @@ import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import keras
 import tensorflow as tf
 
+from kerastower._keras_compat import family
 from kerastower.reduce import workers
 
 
@@ -127,7 +127,7 @@ def _check_context() -> None:
 
 
 def _check_variables(variables) -> list:
-    if isinstance(variables, (keras.Variable, tf.Variable)) or not isinstance(
+    if isinstance(variables, (family.Variable, tf.Variable)) or not isinstance(
         variables, Sequence
     ):
         raise ValueError(
@@ -137,7 +137,7 @@ def _check_variables(variables) -> list:
         )
     variables = list(variables)
     for variable in variables:
-        if not isinstance(variable, (keras.Variable, tf.Variable)):
+        if not isinstance(variable, (family.Variable, tf.Variable)):
             raise ValueError(
                 "`variables` must be a list of variables, such as "
                 "`self.trainable_weights`. Received: a "

@@ -38,10 +38,11 @@ import dataclasses
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-import keras
 import tensorflow as tf
 
 from kerastower import _keras_compat
+from kerastower._keras_compat import family
+from kerastower._keras_compat.family import keras
 from kerastower.step import checks
 
 
@@ -50,7 +51,7 @@ def spectral_normalizations(model: keras.Model) -> list:
     return [
         layer
         for layer in _keras_compat.inner_layers(model)
-        if isinstance(layer, keras.layers.SpectralNormalization)
+        if isinstance(layer, _keras_compat.SPECTRAL_NORMALIZATION)
     ]
 
 
@@ -62,7 +63,7 @@ def _own_updates(model: keras.Model) -> set[int]:
     first replica's, as documented) and `SpectralNormalization`'s state.
     """
     layers = _keras_compat.inner_layers(model)
-    kinds = (keras.layers.BatchNormalization, keras.layers.SpectralNormalization)
+    kinds = (keras.layers.BatchNormalization, *_keras_compat.SPECTRAL_NORMALIZATION)
     owners = [layer for layer in layers if isinstance(layer, kinds)]
     return {id(v) for layer in owners for v in layer.weights}
 
@@ -125,6 +126,9 @@ def step_state(
             for tower in range(1, len(replicas.devices)):
                 with tf.device(replicas.devices[tower]):
                     replicas.replica_variables(tower)[j].assign(kernel)
+    if not _keras_compat.RECORDS_ASSIGNMENTS:  # Keras 2: nothing is held
+        yield StepState([])
+        return
     weights = {id(v) for v in model.non_trainable_weights}
     state = StepState(
         [(v, tf.convert_to_tensor(v.value)) for v in model.non_trainable_weights],
@@ -184,7 +188,7 @@ def tower_reads(
             traced = context.replica_id_in_sync_group
         else:
             tower = int(tower)
-    if tower == 0:
+    if tower == 0 or not _keras_compat.RECORDS_ASSIGNMENTS:
         yield list(variables)
         return
 
@@ -207,7 +211,7 @@ def tower_reads(
         (
             v,
             tf.convert_to_tensor(
-                value.value if isinstance(value, keras.Variable) else value
+                value.value if isinstance(value, family.Variable) else value
             ),
         )
         for v, value in mapping

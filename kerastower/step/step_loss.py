@@ -36,10 +36,10 @@ import functools
 from collections.abc import Iterator
 from typing import Any
 
-import keras
 import tensorflow as tf
 
 from kerastower import _keras_compat
+from kerastower._keras_compat.family import keras
 from kerastower.reduce import workers
 from kerastower.reduce.towers import gather_over_towers
 from kerastower.step import checks
@@ -163,9 +163,9 @@ class StepLoss:
 def _additional_loss(model: keras.Model) -> tf.Tensor:
     """The sum of `model.losses` (regularization, `add_loss`), as
     `keras.Model.compute_loss` adds it."""
-    total = tf.constant(0.0, keras.config.floatx())
+    total = tf.constant(0.0, keras.backend.floatx())
     for loss in model.losses:
         if not loss.dtype.is_floating:
-            loss = tf.cast(loss, keras.config.floatx())
+            loss = tf.cast(loss, keras.backend.floatx())
         total += tf.cast(tf.reduce_sum(loss), total.dtype)
     return total

@@ -19,9 +19,8 @@ import functools
 from collections.abc import Iterator
 from typing import Any
 
-import keras
-
 from kerastower import _keras_compat
+from kerastower._keras_compat.family import keras
 from kerastower.reduce import workers
 from kerastower.step.batch_norm import global_moments
 from kerastower.step.loss_weighting import TowerLoss, TowerLosses

@@ -25,10 +25,10 @@ from __future__ import annotations
 
 import warnings
 
-import keras
 import tensorflow as tf
 
 from kerastower import _keras_compat
+from kerastower._keras_compat.family import keras
 from kerastower.reduce import replica_setting, workers
 from kerastower.reduce.gradients import (
     EagerStaticRows,
@@ -107,6 +107,7 @@ class TowerStep:
                     else traced
                 )
         else:
+            _keras_compat.build_before_towers(model, x)
             replicas = self.replicas
             if replicas is not None:
                 replicas.ensure(trainable, model.optimizer)
@@ -116,7 +117,7 @@ class TowerStep:
                 loss_fn,
                 trainable,
                 (x, y, sample_weight),
-                scale_loss=model.optimizer.scale_loss,
+                scale_loss=_keras_compat.loss_scaler(model.optimizer),
                 replicas=replicas,
                 accumulator=accumulator,
             )
@@ -150,7 +151,7 @@ class TowerStep:
         """One evaluation step on the global batch `data`; returns the logs."""
         model = self.model
         x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
-
+        _keras_compat.build_before_towers(model, x)
         variables, replicas = replica_setting.inference_reads(
             self.replicas, model.trainable_weights
         )
@@ -183,6 +184,7 @@ class TowerStep:
     def predict(self, data):
         """Predictions for the global batch `data`, in input order."""
         x, _, _ = keras.utils.unpack_x_y_sample_weight(data)
+        _keras_compat.build_before_towers(self.model, x)
         variables, replicas = replica_setting.inference_reads(
             self.replicas, self.model.trainable_weights
         )
@@ -207,7 +209,7 @@ class TowerStep:
             loss = _keras_compat.compute_loss(
                 model, x, y, y_pred, sample_weight, training=True
             )
-            scaled = model.optimizer.scale_loss(loss)
+            scaled = _keras_compat.loss_scaler(model.optimizer)(loss)
         return tape.gradient(scaled, trainable), loss, y_pred
 
     def tower_gradients(

@@ -57,10 +57,12 @@ def applies(model, replicas) -> bool:
     Towers are traced once on one worker, without replicas, without XLA and
     without ``global_batch_loss`` (whose gathered batch changes shape with
     the batch, and a collective's instance key keeps the shape it first
-    summed); the other settings trace one copy per tower.
+    summed); the other settings trace one copy per tower, as does
+    TensorFlow 2.12, whose functions cannot be kept from inlining.
     """
     return (
-        model.num_towers > 1
+        _keras_compat.NOINLINE_FUNCTIONS
+        and model.num_towers > 1
         and model.num_workers == 1
         and replicas is None
         and not model.jit_compile

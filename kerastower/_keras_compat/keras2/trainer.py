@@ -1,0 +1,213 @@
+"""Keras 2 model and trainer internals that `TowerModel` hooks into.
+
+The Keras 3 counterparts are in `kerastower._keras_compat.trainer`. Keras 2
+computes the compiled loss in ``model.compiled_loss`` (a ``LossesContainer``),
+which also updates the ``loss`` metric and, for several outputs, one loss
+metric per output; it builds them, and a subclassed model's weights, the
+first time it is called (`build_before_towers` does that before the towers).
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import tensorflow as tf
+
+from kerastower._keras_compat.errors import KerasCompatibilityError, _attribute, _fail
+from kerastower._keras_compat.family import keras
+from kerastower._keras_compat.keras2.internals import internal
+from kerastower._keras_compat.step_functions import StepFunctionHooks
+
+_functional = internal("engine.functional", "Functional")
+_training = internal("engine.training", "is_functional_model_init_params")
+_registration = internal("saving.object_registration", "_GLOBAL_CUSTOM_NAMES")
+
+Functional = _functional.Functional
+functional_init_arguments = _training.is_functional_model_init_params
+
+
+def register_alias(alias: type, cls: type) -> None:
+    """Saves instances of `alias` under the name `cls` is registered with."""
+    names = _registration._GLOBAL_CUSTOM_NAMES
+    if not isinstance(names, dict):  # pragma: no cover - depends on Keras
+        raise _fail("saving.object_registration._GLOBAL_CUSTOM_NAMES", "changed")
+    if cls in names:
+        names[alias] = names[cls]
+
+
+def init_functional(model, args, kwargs) -> None:
+    """Runs Keras's initialiser of a functional model on `model`."""
+    Functional.__init__(model, *args, **kwargs)
+
+
+def graph_of(model):
+    """The functional graph behind a functional or `Sequential` model: the
+    model itself in Keras 2."""
+    return model
+
+
+def compute_loss(model, x, y, y_pred, sample_weight, training: bool):
+    """``model.compute_loss``, which takes no `training` in Keras 2."""
+    del training
+    return model.compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sample_weight)
+
+
+def loss_scaler(optimizer):
+    """What scales the loss before its gradient: the identity in Keras 2.
+
+    Raises:
+        ValueError: For a `LossScaleOptimizer`, whose gradients Keras 2's
+            ``minimize`` unscales before ``apply_gradients``: not supported
+            on towers yet.
+    """
+    if isinstance(optimizer, keras.mixed_precision.LossScaleOptimizer):
+        raise ValueError(
+            "TowerModel does not support `LossScaleOptimizer` on Keras 2 yet; "
+            "use it on Keras 3, or train in float32. Received: "
+            f"optimizer={optimizer!r}"
+        )
+    return _identity
+
+
+def _identity(loss):
+    return loss
+
+
+def forward(model, x, training: bool):
+    """Calls `model` on `x`; Keras 2 drops `training` for a `call` without it."""
+    return model(x, training=training)
+
+
+def _losses_container(model):
+    return getattr(model, "compiled_loss", None)
+
+
+def loss_tracker(model):
+    """The `Mean` metric behind the ``loss`` Keras 2 reports."""
+    container = _losses_container(model)
+    if container is None:
+        raise ValueError(
+            "You must call `compile()` before using the model. Received: "
+            f"model={model.name!r}"
+        )
+    return _attribute(container, "_total_loss_mean", "LossesContainer")
+
+
+def inner_layers(model):
+    """Every layer inside `model`, nested models and layers included."""
+    return _attribute(model, "_flatten_layers", "Layer")(include_self=False)
+
+
+def build_before_towers(model, x) -> None:
+    """Builds `model`'s weights and its compiled losses before the towers run.
+
+    Keras 2 builds a subclassed model's weights on its first call and its
+    compiled losses (and their metrics) on their first call: inside the
+    towers, where variables cannot be made. The model is traced once on
+    `x` in a function that is never run, which makes its weights and gives
+    the structure of its outputs for the losses.
+    """
+    for layer in inner_layers(model):
+        if isinstance(layer, keras.layers.BatchNormalization):
+            override_batch_norm_moments(layer, None)
+    container = _losses_container(model)
+    unbuilt_losses = container is not None and not _attribute(
+        container, "_built", "LossesContainer"
+    )
+    if model.built and not unbuilt_losses:
+        return
+    trace = tf.function(lambda x: forward(model, x, training=True), autograph=False)
+    outputs = trace.get_concrete_function(x).structured_outputs
+    if unbuilt_losses:
+        container.build(outputs)
+
+
+@contextlib.contextmanager
+def compiled_losses_replaced(model, wrap, metric_stand_in):
+    """Replaces each compiled loss ``l`` by ``wrap(l)`` and the loss metrics
+    by ``metric_stand_in()`` while open.
+
+    Keras 2 updates the ``loss`` metric inside the compiled loss as well as
+    the per-output ones: all are stood in for, and updated once after the
+    towers.
+
+    Yields:
+        ``(loss_weights, has_metrics)``: the weights of the compiled losses
+        Keras computes (1.0 where none was given), in order, and whether it
+        keeps per-output loss metrics (models with several outputs).
+    """
+    container = _losses_container(model)
+    if container is None or not _attribute(container, "_built", "LossesContainer"):
+        yield [], False
+        return
+    losses = list(_attribute(container, "_losses", "LossesContainer"))
+    weights = list(_attribute(container, "_loss_weights", "LossesContainer"))
+    metrics = list(_attribute(container, "_per_output_metrics", "LossesContainer"))
+    total = _attribute(container, "_total_loss_mean", "LossesContainer")
+    container._losses = [None if loss is None else wrap(loss) for loss in losses]
+    container._per_output_metrics = [
+        None if metric is None else metric_stand_in() for metric in metrics
+    ]
+    container._total_loss_mean = metric_stand_in()
+    try:
+        yield (
+            [
+                1.0 if weight is None else weight
+                for loss, weight in zip(losses, weights)
+                if loss is not None
+            ],
+            any(metric is not None for metric in metrics),
+        )
+    finally:
+        container._losses = losses
+        container._per_output_metrics = metrics
+        container._total_loss_mean = total
+
+
+def per_output_loss_metrics(model) -> list:
+    """Keras 2's per-output loss metrics (empty for one output)."""
+    container = _losses_container(model)
+    if container is None or not _attribute(container, "_built", "LossesContainer"):
+        return []
+    metrics = _attribute(container, "_per_output_metrics", "LossesContainer")
+    return [metric for metric in metrics or [] if metric is not None]
+
+
+def override_batch_norm_moments(layer, moments) -> None:
+    """Not supported on Keras 2 yet: raises (`build_before_towers` calls it
+    for every `BatchNormalization` layer, synchronised or not).
+
+    Raises:
+        KerasCompatibilityError: Always, naming the layer.
+    """
+    del moments
+    raise KerasCompatibilityError(
+        "TowerModel does not synchronise `BatchNormalization` across towers "
+        "on Keras 2 yet, and without it each tower would update the moving "
+        "statistics: train this model on Keras 3, or on one tower. "
+        f"Received: layer={layer.name!r}"
+    )
+
+
+def restore_batch_norm(layer) -> None:
+    """Undoes `override_batch_norm_moments` (nothing on Keras 2)."""
+    del layer
+
+
+class TrainerHooks(StepFunctionHooks):
+    """Overrides of `keras.Model`'s (Keras 2) trainer hooks for `TowerModel`."""
+
+
+def _check_trainer_hooks() -> None:
+    for hook in (
+        "make_train_function",
+        "make_test_function",
+        "make_predict_function",
+        "compute_loss",
+        "_flatten_layers",
+    ):
+        if not callable(getattr(keras.Model, hook, None)):  # pragma: no cover
+            raise _fail(f"keras.Model.{hook}", "is missing")
+
+
+_check_trainer_hooks()

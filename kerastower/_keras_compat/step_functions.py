@@ -1,0 +1,84 @@
+"""The step functions Keras makes for a `TowerModel`, in either Keras family.
+
+Keras makes one function per step kind (``make_train_function``, ...) and
+traces the step in it. With towers, XLA compiles each tower instead of the
+whole step (`kerastower._keras_compat.xla`), and a step that calls its towers
+traced once gets one round of Grappler (`tower_calls.OptimisedOnce`). A step
+traces the model once per tower: `warn_once` keeps its warnings to one each.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import warnings
+
+from kerastower._keras_compat import tower_calls, xla
+
+
+class StepFunctionHooks:
+    """`TowerModel`'s overrides of Keras's ``make_*_function``.
+
+    Both Keras families name them alike; the model decides through
+    ``num_towers`` and ``_step_optimised_once(step)``.
+    """
+
+    # With towers, XLA compiles each tower (`xla.compiled_in_towers`), not
+    # the step that holds them all.
+    def make_train_function(self, force=False):
+        with self._step_functions():
+            made = super().make_train_function(force)
+        self.train_function = self._outer_step(self.train_function, "train_step")
+        return made
+
+    def make_test_function(self, force=False):
+        with self._step_functions():
+            made = super().make_test_function(force)
+        self.test_function = self._outer_step(self.test_function, "test_step")
+        return made
+
+    def make_predict_function(self, force=False):
+        with self._step_functions():
+            made = super().make_predict_function(force)
+        self.predict_function = self._outer_step(self.predict_function, "predict_step")
+        return made
+
+    def _outer_step(self, function, step: str):
+        # Where the step calls its towers traced once, one round of Grappler
+        # (`_step_optimised_once`).
+        if (
+            function is None
+            or isinstance(function, tower_calls.OptimisedOnce)
+            or not self._step_optimised_once(step)
+        ):
+            return function
+        return tower_calls.OptimisedOnce(function)
+
+    def _step_functions(self):
+        if self.num_towers > 1:
+            return xla.functions_without_xla(self)
+        return contextlib.nullcontext()
+
+
+def warn_once(caught, shown: frozenset = frozenset()) -> frozenset:
+    """Re-raises recorded warnings, each distinct one once, except `shown`.
+
+    Towers trace the model once each; TensorFlow prefixes names with the
+    tower (``replica_1/...``), which is ignored when comparing. Returns the
+    keys of the warnings shown, for a later call's `shown`.
+    """
+    seen = set(shown)
+    for record in caught:
+        text = re.sub(r"replica_\d+/", "", str(record.message))
+        key = (record.category, text, record.filename, record.lineno)
+        if key not in seen:
+            seen.add(key)
+            warnings.warn_explicit(
+                record.message, record.category, record.filename, record.lineno
+            )
+    return frozenset(seen)
+
+
+def warnings_shown_at_build(model) -> frozenset:
+    """The warnings `TrainerHooks` showed while building `model` (see `warn_once`)."""
+    return getattr(model, "_shown_warnings", frozenset())

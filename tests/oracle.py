@@ -7,15 +7,14 @@ from __future__ import annotations
 
 import contextlib
 
-import keras
 import numpy as np
 import tensorflow as tf
+from keras_family import KERAS_2, KERAS_MINOR, keras
 
 import kerastower
 from kerastower.callbacks import GradientAccumulation
 
-# The installed Keras as ``(major, minor)``, for what differs between releases.
-KERAS_MINOR = tuple(int(part) for part in keras.__version__.split(".")[:2])
+__all__ = ["KERAS_MINOR", "keras"]  # besides what is defined here
 
 
 def twin(build, towers, **tower_kwargs):
@@ -55,7 +54,7 @@ def assert_same_weights(a, b, rtol=RTOL, atol=ATOL):
 
 def assert_same_history(ha: dict, hb: dict, rtol=RTOL, atol=ATOL):
     """Two `History.history` dicts have the same keys and close values."""
-    assert sorted(ha) == sorted(hb)
+    assert sorted(ha) == sorted(hb), (sorted(ha), sorted(hb))
     for key in ha:
         assert_close(ha[key], hb[key], rtol=rtol, atol=atol, err_msg=key)
 
@@ -185,6 +184,16 @@ class Crash(keras.callbacks.Callback):
 @contextlib.contextmanager
 def float64():
     """Builds the models made in the block in float64 (floatx and dtype policy)."""
+    if KERAS_2:
+        floatx, policy = keras.backend.floatx(), keras.mixed_precision.global_policy()
+        keras.backend.set_floatx("float64")
+        keras.mixed_precision.set_global_policy("float64")
+        try:
+            yield
+        finally:
+            keras.backend.set_floatx(floatx)
+            keras.mixed_precision.set_global_policy(policy)
+        return
     floatx, policy = keras.config.floatx(), keras.config.dtype_policy()
     keras.config.set_floatx("float64")
     keras.config.set_dtype_policy("float64")
@@ -233,7 +242,7 @@ class TokenAndPosition(keras.layers.Layer):
         self.positions = keras.layers.Embedding(length, dim)
 
     def call(self, x):
-        return self.tokens(x) + self.positions(keras.ops.arange(self.length))
+        return self.tokens(x) + self.positions(tf.range(self.length))
 
 
 def token_position_model():

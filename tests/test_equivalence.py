@@ -1,9 +1,9 @@
 """TowerModel gives the same weights, losses, metrics and predictions as one device."""
 
-import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from keras_family import KERAS_2, keras
 from oracle import (
     assert_close,
     assert_same_history,
@@ -191,8 +191,8 @@ class CustomLossModel(keras.Model):
         return self.dense(x)
 
     def compute_loss(self, x, y, y_pred, sample_weight=None, training=True):
-        loss = keras.ops.mean(keras.ops.abs(y - y_pred) ** 1.5)
-        return loss + keras.ops.sum(self.losses)
+        loss = tf.reduce_mean(tf.abs(y - y_pred) ** 1.5)
+        return loss + tf.add_n([tf.reduce_sum(v) for v in self.losses])
 
 
 class TowerCustomLossModel(kerastower.TowerModel, CustomLossModel):
@@ -305,7 +305,7 @@ def test_input_kinds_and_options(data_kind):
         ).batch(5)
     elif data_kind == "pydataset":
 
-        class Batches(keras.utils.PyDataset):
+        class Batches(keras.utils.Sequence if KERAS_2 else keras.utils.PyDataset):
             def __len__(self):
                 return 4
 
@@ -355,7 +355,11 @@ def test_sum_reduced_losses_add_up_unweighted(towers):
         inputs = keras.Input((3,))
         h = keras.layers.Dense(4, kernel_regularizer="l2")(inputs)
         return keras.Model(
-            inputs, {"a": keras.layers.Dense(1)(h), "b": keras.layers.Dense(1)(h)}
+            inputs,
+            {
+                "a": keras.layers.Dense(1, name="a")(h),
+                "b": keras.layers.Dense(1, name="b")(h),
+            },
         )
 
     fit_and_compare(

@@ -55,6 +55,7 @@ from kerastower._keras_compat.step_functions import (
 from kerastower._keras_compat.tower_calls import (
     NOINLINE_FUNCTIONS,
     calls_without_graph_optimizer,
+    orders_calls_here,
     run_independently,
     tower_replica_context,
 )
@@ -109,6 +110,7 @@ functional_init_arguments = _trainer.functional_init_arguments
 graph_of = _trainer.graph_of
 init_functional = _trainer.init_functional
 inner_layers = _trainer.inner_layers
+loss_metric_weight = _trainer.loss_metric_weight
 loss_scaler = _trainer.loss_scaler
 loss_tracker = _trainer.loss_tracker
 override_batch_norm_moments = _trainer.override_batch_norm_moments
@@ -137,6 +139,7 @@ __all__ = [
     "build_before_towers",
     "call_time_value",
     "calls_without_graph_optimizer",
+    "orders_calls_here",
     "check_execution_steps",
     "check_prepared",
     "clone_optimizer",
@@ -154,6 +157,7 @@ __all__ = [
     "is_remote_path",
     "learning_rate_slot",
     "loss_divisor",
+    "loss_metric_weight",
     "loss_scaler",
     "loss_tracker",
     "override_batch_norm_moments",

@@ -53,6 +53,17 @@ def run_independently(op: tf.Operation) -> None:
     _attribute(manager, "run_independently", "AutomaticControlDependencies")(op)
 
 
+def orders_calls_here() -> bool:
+    """Whether `run_independently` can order the ops made here, now.
+
+    Inside a `tf.function` being traced; not in the body of a loop that it
+    traces (Keras 2 runs ``steps_per_execution`` steps in a `tf.while_loop`),
+    whose graph has no automatic control dependencies to take ops out of.
+    """
+    graph = tf.compat.v1.get_default_graph()
+    return getattr(graph, "experimental_acd_manager", None) is not None
+
+
 def _context_module():
     try:
         from tensorflow.python.eager import context

@@ -32,12 +32,18 @@ def register_alias(alias: type, cls: type) -> None:
 
 def override_batch_norm_moments(layer, moments) -> None:
     """Makes a `BatchNormalization` layer compute its batch statistics with
-    ``moments(inputs, reduction_axes, mask)``; undo with `restore_batch_norm`.
+    ``moments(inputs, reduction_axes, mask)`` (``None``: its own); undo with
+    `restore_batch_norm`.
+
+    The towers after the first hold their updates of the moving statistics
+    (`kerastower.step.layer_updates`).
 
     Raises:
         KerasCompatibilityError: If the layer no longer computes its
             statistics in ``_moments(inputs, mask)`` over ``_reduction_axes``.
     """
+    if moments is None:
+        return
     method = getattr(type(layer), "_moments", None)
     if not callable(method) or list(inspect.signature(method).parameters) != [
         "self",
@@ -164,6 +170,12 @@ def compiled_losses_replaced(model, wrap, metric_stand_in):
             compile_loss._flat_losses = entries
         if metrics:
             compile_loss._metrics = metrics
+
+
+def loss_metric_weight(outputs) -> int | None:
+    """What Keras weighs a step's per-output loss by in its metric: the
+    static batch size of the predictions (``None`` when unknown: 1)."""
+    return outputs.shape[0]
 
 
 def per_output_loss_metrics(model) -> list:

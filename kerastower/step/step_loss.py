@@ -152,7 +152,7 @@ class StepLoss:
 
     def update_metrics(self, per_output, batch):
         """Updates Keras's per-output loss metrics once, with global values."""
-        batch_dim = first_leaf(batch).shape[0]
+        batch_dim = _keras_compat.loss_metric_weight(first_leaf(batch))
         metrics = _keras_compat.per_output_loss_metrics(self.model)
         for metric, value in zip(
             metrics, workers.sum_over_workers(self.model, per_output)

@@ -57,12 +57,14 @@ def tower_context(
         loss by.
     """
     patched = []
-    if sync_batch_norm and model.sync_batch_norm:
-        for layer in _keras_compat.inner_layers(model):
-            if isinstance(layer, keras.layers.BatchNormalization):
+    synchronised = sync_batch_norm and model.sync_batch_norm
+    for layer in _keras_compat.inner_layers(model):
+        if isinstance(layer, keras.layers.BatchNormalization):
+            moments = None  # the layer's own, of this tower's shard
+            if synchronised:
                 moments = functools.partial(global_moments, total=sum_fn.total)
-                _keras_compat.override_batch_norm_moments(layer, moments)
-                patched.append(layer)
+            _keras_compat.override_batch_norm_moments(layer, moments)
+            patched.append(layer)
     records: dict = {}
     layers = _keras_compat.inner_layers(model)
     try:

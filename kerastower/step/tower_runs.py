@@ -136,6 +136,7 @@ class TowerRuns:
             if (
                 state is not None
                 and not tf.executing_eagerly()
+                and _keras_compat.orders_calls_here()
                 and traced_towers.applies(model, self.replicas)
             ):
 

@@ -80,6 +80,7 @@ class TowerStep:
         """One training step on the global batch `data`; returns the logs."""
         model = self.model
         x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
+        _keras_compat.build_before_towers(model, x)
         trainable = model.trainable_weights
         batch_size = tf.shape(first_leaf(x))[0]
         accumulator = self.accumulator
@@ -107,7 +108,6 @@ class TowerStep:
                     else traced
                 )
         else:
-            _keras_compat.build_before_towers(model, x)
             replicas = self.replicas
             if replicas is not None:
                 replicas.ensure(trainable, model.optimizer)

@@ -10,10 +10,11 @@ first time it is called (`build_before_towers` does that before the towers).
 from __future__ import annotations
 
 import contextlib
+import inspect
 
 import tensorflow as tf
 
-from kerastower._keras_compat.errors import KerasCompatibilityError, _attribute, _fail
+from kerastower._keras_compat.errors import _attribute, _fail
 from kerastower._keras_compat.family import keras
 from kerastower._keras_compat.keras2.internals import internal
 from kerastower._keras_compat.step_functions import StepFunctionHooks
@@ -107,12 +108,13 @@ def build_before_towers(model, x) -> None:
     `x` in a function that is never run, which makes its weights and gives
     the structure of its outputs for the losses.
     """
-    for layer in inner_layers(model):
-        if isinstance(layer, keras.layers.BatchNormalization):
-            override_batch_norm_moments(layer, None)
     container = _losses_container(model)
-    unbuilt_losses = container is not None and not _attribute(
-        container, "_built", "LossesContainer"
+    # Without losses given to `compile`, Keras 2 reports no ``loss`` unless
+    # a `compute_loss` of the user's calls the container: left unbuilt.
+    unbuilt_losses = (
+        container is not None
+        and _attribute(container, "_user_losses", "LossesContainer") is not None
+        and not _attribute(container, "_built", "LossesContainer")
     )
     if model.built and not unbuilt_losses:
         return
@@ -164,6 +166,12 @@ def compiled_losses_replaced(model, wrap, metric_stand_in):
         container._total_loss_mean = total
 
 
+def loss_metric_weight(outputs) -> tf.Tensor:
+    """What Keras 2 weighs a step's loss by in its loss metrics: the batch
+    size, ``tf.shape(y)[0]``."""
+    return tf.shape(outputs)[0]
+
+
 def per_output_loss_metrics(model) -> list:
     """Keras 2's per-output loss metrics (empty for one output)."""
     container = _losses_container(model)
@@ -173,25 +181,90 @@ def per_output_loss_metrics(model) -> list:
     return [metric for metric in metrics or [] if metric is not None]
 
 
+# The `BatchNormalization` methods the towers replace, and their parameters.
+_BATCH_NORM_HOOKS = {
+    "_calculate_mean_and_var": [
+        "self",
+        "inputs",
+        "reduction_axes",
+        "keep_dims",
+        "mask",
+    ],
+    "_assign_moving_average": ["self", "variable", "value", "momentum", "inputs_size"],
+}
+_FUSED: dict[int, object] = {}  # each overridden layer's own ``fused``
+
+
+def _check_batch_norm(layer) -> None:
+    for name, parameters in _BATCH_NORM_HOOKS.items():
+        method = getattr(type(layer), name, None)
+        if not callable(method) or list(inspect.signature(method).parameters) != (
+            parameters
+        ):
+            raise _fail(
+                f"BatchNormalization.{name}({', '.join(parameters[1:])})",
+                "is missing or changed",
+            )
+    if getattr(layer, "renorm", False) or layer.virtual_batch_size is not None:
+        raise ValueError(
+            "TowerModel does not split a Keras 2 `BatchNormalization` with "
+            "`renorm=True` or a `virtual_batch_size` over towers. Received: "
+            f"layer={layer.name!r}"
+        )
+
+
 def override_batch_norm_moments(layer, moments) -> None:
-    """Not supported on Keras 2 yet: raises (`build_before_towers` calls it
-    for every `BatchNormalization` layer, synchronised or not).
+    """Makes a Keras 2 `BatchNormalization` layer compute its batch
+    statistics with ``moments(inputs, reduction_axes, mask)`` (``None``: its
+    own) and update its moving statistics on the first tower only; undo with
+    `restore_batch_norm`.
+
+    The layer runs its unfused implementation meanwhile: the fused kernel
+    computes the statistics itself. Both normalise with the biased variance
+    and update the moving variance with it. Only tower 0 updates the moving
+    statistics (the others' update is 0): with the global batch's statistics
+    that is one device's update, and without them tower 0's own, as stock
+    `MirroredStrategy` keeps its first replica's.
 
     Raises:
-        KerasCompatibilityError: Always, naming the layer.
+        KerasCompatibilityError: If the layer no longer computes its
+            statistics in ``_calculate_mean_and_var`` or updates them in
+            ``_assign_moving_average``.
+        ValueError: For batch renormalisation or a virtual batch size.
     """
-    del moments
-    raise KerasCompatibilityError(
-        "TowerModel does not synchronise `BatchNormalization` across towers "
-        "on Keras 2 yet, and without it each tower would update the moving "
-        "statistics: train this model on Keras 3, or on one tower. "
-        f"Received: layer={layer.name!r}"
-    )
+    _check_batch_norm(layer)
+    _FUSED[id(layer)] = layer.fused
+    layer.fused = False
+    assign = type(layer)._assign_moving_average
+
+    def first_tower_updates(variable, value, momentum, inputs_size):
+        context = tf.distribute.get_replica_context()
+        first = tf.cast(tf.equal(context.replica_id_in_sync_group, 0), tf.int32)
+        if inputs_size is not None:
+            first *= tf.cast(inputs_size, tf.int32)
+        return assign(layer, variable, value, momentum, first)
+
+    layer._assign_moving_average = first_tower_updates
+    if moments is None:
+        return
+
+    def calculate_mean_and_var(inputs, reduction_axes, keep_dims, mask=None):
+        mean, variance = moments(inputs, reduction_axes, mask)
+        if keep_dims:
+            for axis in sorted(reduction_axes):
+                mean = tf.expand_dims(mean, axis)
+                variance = tf.expand_dims(variance, axis)
+        return mean, variance
+
+    layer._calculate_mean_and_var = calculate_mean_and_var
 
 
 def restore_batch_norm(layer) -> None:
-    """Undoes `override_batch_norm_moments` (nothing on Keras 2)."""
-    del layer
+    """Undoes `override_batch_norm_moments`."""
+    for name in _BATCH_NORM_HOOKS:
+        vars(layer).pop(name, None)
+    if id(layer) in _FUSED:
+        layer.fused = _FUSED.pop(id(layer))
 
 
 class TrainerHooks(StepFunctionHooks):

@@ -98,6 +98,8 @@ get_keras_mask = _losses.get_keras_mask
 loss_divisor = _losses.loss_divisor
 set_keras_mask = _losses.set_keras_mask
 
+SUPPORTS_REPLICAS = _optimizers.SUPPORTS_REPLICAS
+build_optimizer = _optimizers.build_optimizer
 clone_optimizer = _optimizers.clone_optimizer
 
 Functional = _trainer.Functional
@@ -127,6 +129,7 @@ __all__ = [
     "NOINLINE_FUNCTIONS",
     "RECORDS_ASSIGNMENTS",
     "SPECTRAL_NORMALIZATION",
+    "SUPPORTS_REPLICAS",
     "SUPPORTED_KERAS",
     "SUPPORTED_TENSORFLOW",
     "CheckpointHooks",
@@ -137,6 +140,7 @@ __all__ = [
     "_fail",
     "activity_penalties_summed",
     "build_before_towers",
+    "build_optimizer",
     "call_time_value",
     "calls_without_graph_optimizer",
     "orders_calls_here",

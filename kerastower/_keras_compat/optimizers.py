@@ -17,6 +17,15 @@ from typing import Any
 from kerastower._keras_compat.errors import _attribute, _fail
 from kerastower._keras_compat.family import keras
 
+# Towers can train on replicas: they read them through `keras.StatelessScope`.
+SUPPORTS_REPLICAS = True
+
+
+def build_optimizer(optimizer, variables) -> None:
+    """Makes `optimizer`'s state for `variables`, unless it has it."""
+    if not optimizer.built:
+        optimizer.build(list(variables))
+
 
 def clone_optimizer(
     optimizer: Any,

@@ -265,8 +265,8 @@ class BackupAndRestore(keras.callbacks.Callback):
                 "BackupAndRestore needs a built model to restore the backup into. "
                 f"Received: unbuilt model {model.name!r}"
             )
-        if model.optimizer is not None and not model.optimizer.built:
-            model.optimizer.build(model.trainable_variables)
+        if model.optimizer is not None:
+            _keras_compat.build_optimizer(model.optimizer, model.trainable_variables)
         model.load_weights(os.path.join(self.backup_dir, state["weights"]))
         with np.load(os.path.join(self.backup_dir, state["arrays"])) as data:
             state["values"] = [data[f"arr_{i}"] for i in range(len(data.files))]

@@ -243,8 +243,8 @@ class ChiefCheckpoint(_keras_compat.CheckpointHooks, keras.callbacks.ModelCheckp
                 "`resume=True` needs a built model, to load the checkpoint into. "
                 f"Received: unbuilt model {model.name!r}"
             )
-        if model.optimizer is not None and not model.optimizer.built:
-            model.optimizer.build(model.trainable_variables)
+        if model.optimizer is not None:
+            _keras_compat.build_optimizer(model.optimizer, model.trainable_variables)
         model.load_weights(path)
         self._resumed_epoch = checkpoint_epoch(path, self.filepath)
         _keras_compat.set_initial_epoch(model, self._resumed_epoch)

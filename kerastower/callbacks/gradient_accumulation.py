@@ -6,6 +6,7 @@ from collections.abc import Mapping
 
 import tensorflow as tf
 
+from kerastower import _keras_compat
 from kerastower._keras_compat.family import keras
 from kerastower.reduce.accumulation import (
     GradientAccumulator,
@@ -100,8 +101,7 @@ class GradientAccumulation(keras.callbacks.Callback):
                 "GradientAccumulation needs a kerastower.TowerModel. "
                 f"Received: model of type {type(model).__name__}"
             )
-        if not model.optimizer.built:
-            model.optimizer.build(model.trainable_variables)
+        _keras_compat.build_optimizer(model.optimizer, model.trainable_variables)
         self._accumulator = GradientAccumulator(
             model.trainable_variables, steps_for_epoch(self.schedule, 0)
         )

@@ -10,6 +10,10 @@ first GPU would move about ``N`` times the bytes of a ring all-reduce per step
 (see `kerastower.reduce.replicas`). On logical CPUs, which share one memory,
 the towers read the model's variables, which costs less.
 
+Keras 2 has no replicas yet (a tower would need to read its own copies of the
+layers' variables, which Keras 3's `keras.StatelessScope` gives): there
+``"auto"`` does not replicate and ``True`` is an error.
+
 ``$KERASTOWER_REPLICATE_VARIABLES`` decides ``"auto"`` on any device: ``1``
 trains on replicas wherever there are several towers or several workers (so
 that tests take the GPU path on logical CPUs), ``0`` never. An explicit ``True`` or
@@ -23,6 +27,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import tensorflow as tf
+
+from kerastower import _keras_compat
 
 FORCE_VARIABLE = "KERASTOWER_REPLICATE_VARIABLES"
 
@@ -96,10 +102,20 @@ def replicates(
         when it is a bool; for ``"auto"``, the environment variable's value
         when set, else whether this is one worker whose towers are all
         accelerators, at least `OWN_STEP_MIN_TOWERS` of them for
-        `own_step`.
+        `own_step`. ``False`` on Keras 2.
+
+    Raises:
+        ValueError: For ``True`` on Keras 2, with several towers or workers.
     """
     setting = check_setting(setting)
     if num_workers == 1 and len(devices) < 2:
+        return False
+    if not _keras_compat.SUPPORTS_REPLICAS:
+        if setting is True:
+            raise ValueError(
+                "`replicate_variables=True` needs Keras 3: on Keras 2, towers "
+                "read the model's variables. Received: replicate_variables=True"
+            )
         return False
     if setting != "auto":
         return bool(setting)

@@ -35,6 +35,7 @@ def global_moments(
     axes,
     mask: tf.Tensor | None = None,
     total: Callable[[Sequence[tf.Tensor]], list[tf.Tensor]] = all_reduce,
+    with_count: bool = False,
 ):
     """The mean and variance of `inputs` over `axes` and over all towers.
 
@@ -44,27 +45,32 @@ def global_moments(
         mask: A Keras mask over the leading axes of `inputs`, or ``None``.
         total: Sums a list of tensors over every tower (of every worker:
             `kerastower.reduce.towers.TowerSum.total`), without gradient.
+        with_count: Whether to return the count too.
 
     Returns:
         ``(mean, variance)``, squeezed to the feature axis, in the dtype of
-        `inputs` (computed in float32 for float16 and bfloat16 inputs).
+        `inputs` (computed in float32 for float16 and bfloat16 inputs); with
+        `with_count`, ``(mean, variance, count)``, the count of the values
+        each statistic is over, all towers together (the unmasked ones).
     """
     dtype = inputs.dtype
     x = tf.cast(inputs, tf.float32) if dtype in (tf.float16, tf.bfloat16) else inputs
     axes = list(axes)
     if mask is None:
-        mean, variance = _moments(x, axes, total)
+        mean, variance, count = _moments(x, axes, total)
     else:
-        mean, variance = _masked_moments(x, axes, mask, total)
+        mean, variance, count = _masked_moments(x, axes, mask, total)
     mean, variance = tf.squeeze(mean, axes), tf.squeeze(variance, axes)
     if dtype in (tf.float16, tf.bfloat16):
         mean = tf.cast(tf.clip_by_value(mean, dtype.min, dtype.max), dtype)
         variance = tf.cast(tf.clip_by_value(variance, dtype.min, dtype.max), dtype)
+    if with_count:
+        return mean, variance, tf.squeeze(count, axes)
     return mean, variance
 
 
 def _moments(x: tf.Tensor, axes: list[int], total: Callable) -> tuple:
-    """Unmasked moments, with one gradient for both.
+    """Unmasked ``(mean, variance, count)``, one gradient for both statistics.
 
     As one device's `tf.nn.moments` does, the variance holds the mean
     constant (``stop_gradient``), so the gradient of the towers' loss with
@@ -102,14 +108,14 @@ def _moments(x: tf.Tensor, axes: list[int], total: Callable) -> tuple:
 
         return (tf.identity(mean), tf.identity(variance)), grad
 
-    return attach(x, mean, variance)
+    return (*attach(x, mean, variance), count)
 
 
 def _masked_moments(
     x: tf.Tensor, axes: list[int], mask: tf.Tensor, total: Callable
 ) -> tuple:
-    """Moments of the unmasked positions; the variance differentiates
-    through the mean, as the layer's own masked moments do."""
+    """``(mean, variance, count)`` of the unmasked positions; the variance
+    differentiates through the mean, as the layer's own masked moments do."""
 
     def sum_fn(values):
         return self_adjoint(values, total)
@@ -125,4 +131,4 @@ def _masked_moments(
     mean = tf.math.divide_no_nan(summed, divisor)
     squares = tf.square(x - mean) * weights
     (squared,) = sum_fn([tf.reduce_sum(squares, axes, keepdims=True)])
-    return mean, tf.math.divide_no_nan(squared, divisor)
+    return mean, tf.math.divide_no_nan(squared, divisor), count

@@ -1,12 +1,13 @@
 """Property: N towers train the same weights as one device, for any batch.
 
-With or without per-tower replicas of the variables (``replicate_variables``).
+With or without per-tower replicas of the variables (``replicate_variables``;
+Keras 3 only).
 """
 
-import keras
 import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
+from keras_family import KERAS_2, keras
 from oracle import assert_close, mlp, twin
 
 LARGEST_DIFF = {"value": 0.0}
@@ -27,7 +28,7 @@ def setups(draw):
     optimizer = draw(st.sampled_from(sorted(OPTIMIZERS)))
     weighted = draw(st.booleans())
     seed = draw(st.integers(0, 2**16))
-    replicas = draw(st.booleans())
+    replicas = not KERAS_2 and draw(st.booleans())
     return towers, batch_size, samples, optimizer, weighted, seed, replicas
 
 

@@ -8,6 +8,26 @@ from __future__ import annotations
 from kerastower._keras_compat.errors import KerasCompatibilityError
 from kerastower._keras_compat.family import describe
 
+# A tower cannot read copies of the layers' variables in Keras 2.
+SUPPORTS_REPLICAS = False
+
+
+def build_optimizer(optimizer, variables) -> None:
+    """Makes `optimizer`'s state for `variables`, unless it has it (Keras 2's
+    ``build`` returns at once when ``_built``).
+
+    Raises:
+        ValueError: For a legacy optimizer (``keras.optimizers.legacy``),
+            which makes its state as it applies gradients.
+    """
+    build = getattr(optimizer, "build", None)
+    if not callable(build):
+        raise ValueError(
+            "kerastower needs a Keras 2 optimizer of `keras.optimizers` (not "
+            f"`keras.optimizers.legacy`). Received: optimizer={optimizer!r}"
+        )
+    build(list(variables))
+
 
 def clone_optimizer(optimizer, primaries, copies):
     """Raises: replicas (``replicate_variables=True``) need Keras 3 for now.

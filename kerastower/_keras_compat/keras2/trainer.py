@@ -215,13 +215,16 @@ def _check_batch_norm(layer) -> None:
 
 def override_batch_norm_moments(layer, moments) -> None:
     """Makes a Keras 2 `BatchNormalization` layer compute its batch
-    statistics with ``moments(inputs, reduction_axes, mask)`` (``None``: its
-    own) and update its moving statistics on the first tower only; undo with
-    `restore_batch_norm`.
+    statistics with ``moments(inputs, reduction_axes, mask, with_count=True)``
+    (``None``: its own) and update its moving statistics on the first tower
+    only; undo with `restore_batch_norm`.
 
     The layer runs its unfused implementation meanwhile: the fused kernel
-    computes the statistics itself. Both normalise with the biased variance
-    and update the moving variance with it. Only tower 0 updates the moving
+    computes the statistics itself. Both normalise with the biased variance;
+    a fused layer updates its moving variance with the unbiased one,
+    ``variance * n / (n - 1)`` (Keras 2 leaves the kernel's Bessel
+    correction in, ``_bessels_correction_test_only``), which is applied here
+    with the count ``n`` of the statistics. Only tower 0 updates the moving
     statistics (the others' update is 0): with the global batch's statistics
     that is one device's update, and without them tower 0's own, as stock
     `MirroredStrategy` keeps its first replica's.
@@ -233,30 +236,42 @@ def override_batch_norm_moments(layer, moments) -> None:
         ValueError: For batch renormalisation or a virtual batch size.
     """
     _check_batch_norm(layer)
+    unbiased = bool(layer.fused) and _attribute(
+        layer, "_bessels_correction_test_only", "BatchNormalization"
+    )
     _FUSED[id(layer)] = layer.fused
     layer.fused = False
+    own = type(layer)._calculate_mean_and_var
     assign = type(layer)._assign_moving_average
-
-    def first_tower_updates(variable, value, momentum, inputs_size):
-        context = tf.distribute.get_replica_context()
-        first = tf.cast(tf.equal(context.replica_id_in_sync_group, 0), tf.int32)
-        if inputs_size is not None:
-            first *= tf.cast(inputs_size, tf.int32)
-        return assign(layer, variable, value, momentum, first)
-
-    layer._assign_moving_average = first_tower_updates
-    if moments is None:
-        return
+    counts: list = []
 
     def calculate_mean_and_var(inputs, reduction_axes, keep_dims, mask=None):
-        mean, variance = moments(inputs, reduction_axes, mask)
+        if moments is None:
+            mean, variance = own(layer, inputs, reduction_axes, keep_dims, mask)
+            shape = tf.shape(inputs)
+            count = tf.reduce_prod(tf.gather(shape, list(reduction_axes)))
+            counts[:] = [tf.cast(count, variance.dtype)]
+            return mean, variance
+        mean, variance, count = moments(inputs, reduction_axes, mask, with_count=True)
+        counts[:] = [count]
         if keep_dims:
             for axis in sorted(reduction_axes):
                 mean = tf.expand_dims(mean, axis)
                 variance = tf.expand_dims(variance, axis)
         return mean, variance
 
+    def first_tower_updates(variable, value, momentum, inputs_size):
+        context = tf.distribute.get_replica_context()
+        first = tf.cast(tf.equal(context.replica_id_in_sync_group, 0), tf.int32)
+        if inputs_size is not None:
+            first *= tf.cast(inputs_size, tf.int32)
+        if unbiased and variable is layer.moving_variance:
+            n = tf.cast(counts[-1], value.dtype)
+            value = value * tf.where(n > 1, n / (n - 1), tf.ones_like(n))
+        return assign(layer, variable, value, momentum, first)
+
     layer._calculate_mean_and_var = calculate_mean_and_var
+    layer._assign_moving_average = first_tower_updates
 
 
 def restore_batch_norm(layer) -> None:

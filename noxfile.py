@@ -1,7 +1,10 @@
 """The (Keras, TensorFlow) version matrix: ``nox`` installs each pair and tests it.
 
-``KERAS`` and ``TENSORFLOW`` are the supported range that ``pyproject.toml``
-declares, and every pair of them is run:
+kerastower runs on two Keras families (``kerastower._keras_compat.family``).
+``KERAS`` and ``TENSORFLOW`` are the supported Keras 3 range that
+``pyproject.toml`` declares, and every pair of them is run; ``KERAS2`` pairs
+TensorFlow releases with the Keras 2 of their own release, the ends and
+middle of the Keras 2 range:
 
 - ``nox -s matrix`` runs the whole matrix, one session per TensorFlow
   version; ``nox -s "matrix(tensorflow='2.16.2')"`` one row of it, and
@@ -11,6 +14,11 @@ declares, and every pair of them is run:
   when any pair fails, after running the others.
 - ``nox -s oldest`` runs `CI_SUITES` on the oldest pair; ``.ci/run`` runs it
   (the newest pair is what CI's own interpreter tests).
+- ``nox -s matrix_keras2`` runs `KERAS2_SUITES` on each Keras 2 pair, one
+  session per TensorFlow (``nox -s "matrix_keras2(tensorflow='2.12.1')"``),
+  and records each row like ``matrix``; ``nox -s oldest_keras2`` runs
+  `KERAS2_CI_SUITES` on the oldest Keras 2 pair without recording, and
+  ``.ci/run`` runs it.
 - ``nox -s replicas`` runs the whole test suite and Keras's own model and
   trainer tests (``tests/keras_suite/run.py``) on the newest pair with the
   GPU path forced on logical CPUs (``KERASTOWER_REPLICATE_VARIABLES=1``:
@@ -19,15 +27,17 @@ declares, and every pair of them is run:
 - ``nox -s package`` builds the sdist and the wheel, checks them with
   ``twine check --strict``, and installs the wheel the ways the installation
   page gives: with the ``cpu`` extra into an empty virtual environment, and
-  without an extra into one that already has TensorFlow (which must stay as
-  it was). Each ends in ``kerastower demo --epochs 1``.
+  without an extra into one that already has TensorFlow 2.16 and Keras 3,
+  and into one that has TensorFlow 2.15 and its Keras 2 (each must stay as
+  it was). The Keras 3 paths end in ``kerastower demo --epochs 1``; the
+  Keras 2 one in ``kerastower --version``, which must name Keras 2.
 
-``python noxfile.py --table`` prints the last results as the Markdown table
-that ``docs/installation.md`` shows, and ``python noxfile.py --docs`` writes
-it there. Keras's own test modules (``tests/keras_suite/run.py``, 12 to 14
-minutes a pair) are not part of a pair's run: of the Keras source releases
-from 3.8.0 to 3.15.1 only 3.15.1's holds them, and CI runs them on the newest
-pair.
+``python noxfile.py --table`` prints the last results as the Markdown tables
+that ``docs/installation.md`` shows, one per family, and
+``python noxfile.py --docs`` writes them there. Keras's own test modules
+(``tests/keras_suite/run.py``, 12 to 14 minutes a pair) are not part of a
+pair's run: of the Keras source releases from 3.8.0 to 3.15.1 only 3.15.1's
+holds them, and CI runs them on the newest pair.
 """
 
 from __future__ import annotations
@@ -72,72 +82,158 @@ _CORE = re.search(
 CI_SUITES = ["-m", "core", *ast.literal_eval(_CORE.group(1))]
 TEST_REQUIREMENTS = ["pytest>=8", "hypothesis>=6.100", "scikit-learn>=1.3"]
 
+# Keras 2, TensorFlow -> the Keras 2 of its own release (the fence in
+# kerastower/_keras_compat/errors.py refuses any other): to 2.15 the `keras`
+# that TensorFlow ships as `tf.keras`, from 2.16 `tf_keras` under
+# TF_USE_LEGACY_KERAS=1 (the `legacy` extra). The oldest and newest of each
+# kind: SUPPORTED_KERAS_2 and the `legacy` extra are their range.
+KERAS2 = {
+    "2.12.1": "2.12.0",
+    "2.15.1": "2.15.0",
+    "2.16.2": "2.16.0",
+    "2.21.0": "2.21.0",
+}
+# The test paths that run on Keras 2, in every pair of the matrix, and what
+# CI runs on the oldest pair (`oldest_keras2`, about five minutes).
+KERAS2_SUITES = [
+    "tests/test_equivalence.py",
+    "tests/properties",
+    "tests/test_real_world_exactness.py",
+    "tests/test_custom_fit_idioms.py",
+    "tests/test_keras2_user_script.py",
+    "tests/callbacks",
+]
+KERAS2_CI_SUITES = [
+    "tests/test_equivalence.py",
+    "tests/properties",
+    "tests/test_keras2_user_script.py",
+]
+
 nox.options.reuse_existing_virtualenvs = True
 nox.options.error_on_missing_interpreters = True
 nox.options.error_on_external_run = True
 nox.options.sessions = ["oldest"]
 
-# Reads the installed versions as the tests will import them.
+# Reads the installed versions as the tests will import them: the Keras that
+# kerastower picks (its family), and the distribution that holds it.
 _VERSIONS = (
-    "import sys, keras, tensorflow as tf; "
-    "print(keras.__version__, tf.__version__, '%d.%d' % sys.version_info[:2])"
+    "import sys, tensorflow as tf; "
+    "from kerastower._keras_compat.family import KERAS_DISTRIBUTION, KERAS_VERSION; "
+    "print(KERAS_DISTRIBUTION, KERAS_VERSION, tf.__version__, "
+    "'%d.%d' % sys.version_info[:2])"
 )
 
 
+def _minor(version: str, step: int = 0) -> str:
+    """``"3.15.1"`` -> ``"3.15"``; with `step` 1, ``"3.16"``."""
+    major, minor = _key(version)[:2]
+    return f"{major}.{minor + step}"
+
+
+def _legacy(tensorflow: str) -> bool:
+    """Whether a Keras 2 pair's Keras is `tf_keras` (TensorFlow 2.16 on)."""
+    return _key(tensorflow) >= (2, 16)
+
+
+def _keras2_pair(tensorflow: str) -> tuple[list[str], dict[str, str]]:
+    """The requirements and environment of `tensorflow`'s Keras 2 pair."""
+    keras = KERAS2[tensorflow]
+    if _legacy(tensorflow):
+        # tf_keras requires the `tensorflow` distribution; with
+        # `tensorflow-cpu` pip would install both, one over the other.
+        return [f"tensorflow=={tensorflow}", f"tf_keras=={keras}"], _LEGACY_ENV
+    return [f"tensorflow-cpu=={tensorflow}", f"keras=={keras}"], _ENV
+
+
 def _declared_range(session: nox.Session) -> None:
-    """Fails unless ``pyproject.toml`` declares exactly `KERAS` x `TENSORFLOW`."""
+    """Fails unless ``pyproject.toml`` and the fence declare the matrix's ranges.
+
+    The `cpu` and `gpu` extras: exactly `KERAS` x `TENSORFLOW`; the `legacy`
+    extra: the `tf_keras` of `KERAS2`; ``SUPPORTED_KERAS_2`` in
+    ``kerastower/_keras_compat/errors.py``: all of `KERAS2`. No Keras or
+    TensorFlow among the dependencies: it would replace the user's.
+    """
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-
-    def minor(version: str, step: int = 0) -> str:
-        major, minor = _key(version)[:2]
-        return f"{major}.{minor + step}"
-
-    expected = {
-        f"keras>={minor(KERAS[0])},<{minor(KERAS[-1], 1)}": project["dependencies"],
-        f"tensorflow-cpu>={TENSORFLOW[0]},<{minor(TENSORFLOW[-1], 1)}": project[
-            "optional-dependencies"
-        ]["cpu"],
-        f"tensorflow[and-cuda]>={TENSORFLOW[0]},<{minor(TENSORFLOW[-1], 1)}": project[
-            "optional-dependencies"
-        ]["gpu"],
-    }
-    for requirement, declared in expected.items():
-        if requirement not in declared:
+    extras = project["optional-dependencies"]
+    tensorflow = f">={TENSORFLOW[0]},<{_minor(TENSORFLOW[-1], 1)}"
+    keras = f"keras>={_minor(KERAS[0])},<{_minor(KERAS[-1], 1)}"
+    tf_keras = [k for tf, k in KERAS2.items() if _legacy(tf)]
+    expected = [
+        ("cpu", keras),
+        ("cpu", f"tensorflow-cpu{tensorflow}"),
+        ("gpu", keras),
+        ("gpu", f"tensorflow[and-cuda]{tensorflow}"),
+        ("legacy", f"tf_keras>={_minor(tf_keras[0])},<{_minor(tf_keras[-1], 1)}"),
+    ]
+    for extra, requirement in expected:
+        if requirement not in extras[extra]:
             session.error(
-                f"pyproject.toml must declare the matrix's range {requirement!r}. "
-                f"Received: {declared}"
+                f"pyproject.toml's `{extra}` extra must declare the matrix's range "
+                f"{requirement!r}. Received: {extras[extra]}"
             )
+    if any(re.match(r"keras|tf.keras|tensorflow", r) for r in project["dependencies"]):
+        session.error(
+            "pyproject.toml's dependencies must leave Keras and TensorFlow to "
+            f"the extras. Received: {project['dependencies']}"
+        )
+    errors = (ROOT / "kerastower" / "_keras_compat" / "errors.py").read_text()
+    fence = re.search(r'^SUPPORTED_KERAS_2 = "(.*)"$', errors, re.M)
+    keras2 = list(KERAS2.values())
+    range_2 = f">={_minor(keras2[0])},<{_minor(keras2[-1], 1)}"
+    if fence is None or fence[1] != range_2:
+        session.error(
+            f"errors.py's SUPPORTED_KERAS_2 must be the matrix's {range_2!r}. "
+            f"Received: {fence and fence[1]!r}"
+        )
 
 
-def _install(session: nox.Session, tensorflow: str, keras: str) -> None:
+def _install(session: nox.Session, *requirements: str) -> None:
+    """Installs `requirements` (a pair), the test tools and kerastower."""
     _declared_range(session)
-    # TensorFlow 2.16 and 2.17 need numpy 1, 2.18 and 2.19 numpy < 2.2: pip
+    # TensorFlow 2.12 to 2.17 need numpy 1, 2.18 and 2.19 numpy < 2.2: pip
     # resolves it from their pins.
-    session.install(f"tensorflow-cpu=={tensorflow}", f"keras=={keras}")
+    session.install(*requirements)
     session.install(*TEST_REQUIREMENTS)
     session.install("--no-deps", "-e", ".")
 
 
-def _check_versions(session: nox.Session, keras: str, tensorflow: str) -> str:
+def _check_versions(
+    session: nox.Session, keras: str, tensorflow: str, env: dict[str, str] | None = None
+) -> str:
     """Checks the pair the tests will import; returns the Python version."""
-    out = session.run("python", "-c", _VERSIONS, silent=True, env=_ENV)
-    *installed, python = out.split()[-3:]
-    if installed != [keras, tensorflow]:
+    env = env or _ENV
+    out = session.run("python", "-c", _VERSIONS, silent=True, env=env)
+    *installed, python = out.split()[-4:]
+    distribution = "tf_keras" if env["TF_USE_LEGACY_KERAS"] == "1" else "keras"
+    if installed != [distribution, keras, tensorflow]:
         session.error(
-            f"asked for Keras {keras} and TensorFlow {tensorflow}; the session's "
-            f"interpreter imports Keras {installed[0]} and TensorFlow {installed[1]}"
+            f"asked for {distribution} {keras} and TensorFlow {tensorflow}; the "
+            f"session's kerastower imports {installed[0]} {installed[1]} and "
+            f"TensorFlow {installed[2]}"
         )
     return python
 
 
-_ENV = {"TF_CPP_MIN_LOG_LEVEL": "2", "KERAS_BACKEND": "tensorflow"}
+# TF_USE_LEGACY_KERAS set either way, so that the shell's cannot switch a
+# pair's family (kerastower follows it as `tf.keras` does).
+_ENV = {
+    "TF_CPP_MIN_LOG_LEVEL": "2",
+    "KERAS_BACKEND": "tensorflow",
+    "TF_USE_LEGACY_KERAS": "0",
+}
+_LEGACY_ENV = {**_ENV, "TF_USE_LEGACY_KERAS": "1"}
 
 
 def _test_pair(
-    session: nox.Session, keras: str, tensorflow: str, suites: list[str]
+    session: nox.Session,
+    keras: str,
+    tensorflow: str,
+    suites: list[str],
+    env: dict[str, str] | None = None,
 ) -> dict:
     """Runs `suites` on the installed pair; returns its row of the matrix."""
-    python = _check_versions(session, keras, tensorflow)
+    env = env or _ENV
+    python = _check_versions(session, keras, tensorflow, env)
     junit = Path(session.create_tmp()) / f"keras-{keras}.xml"
     start = time.time()
     try:
@@ -151,7 +247,7 @@ def _test_pair(
             "-rfEs",
             f"--junitxml={junit}",
             *suites,
-            env=_ENV,
+            env=env,
         )
         outcome = "passed"
     except nox.command.CommandFailed:
@@ -161,6 +257,7 @@ def _test_pair(
         outcome = "failed"  # a pair that ran nothing, or skipped a test, is not green
         session.warn(f"Keras {keras}, TensorFlow {tensorflow}: {counts}")
     return dict(
+        family=_key(keras)[0],
         keras=keras,
         tensorflow=tensorflow,
         python=python,
@@ -231,7 +328,7 @@ def matrix(session: nox.Session, tensorflow: str) -> None:
             session.log(f"Keras {keras}: TensorFlow {tensorflow} requires newer")
             continue
         start = time.time()
-        _install(session, tensorflow, keras)
+        _install(session, f"tensorflow-cpu=={tensorflow}", f"keras=={keras}")
         session.log(f"Keras {keras}: installed in {time.time() - start:.0f} s")
         row = _test_pair(session, keras, tensorflow, SUITES)
         _record(row)
@@ -246,12 +343,42 @@ def oldest(session: nox.Session) -> None:
     """`CI_SUITES` on the oldest supported pair (not recorded in the matrix)."""
     keras, tensorflow = KERAS[0], TENSORFLOW[0]
     start = time.time()
-    _install(session, tensorflow, keras)
+    _install(session, f"tensorflow-cpu=={tensorflow}", f"keras=={keras}")
     session.log(f"installed in {time.time() - start:.0f} s")
     row = _test_pair(session, keras, tensorflow, CI_SUITES)
     session.log(f"{row}")
     if row["outcome"] != "passed":
         session.error(f"Keras {keras} with TensorFlow {tensorflow} fails")
+
+
+def _keras2(session: nox.Session, tensorflow: str, suites=KERAS2_SUITES) -> dict:
+    """Installs `tensorflow`'s Keras 2 pair and runs `suites` on it."""
+    requirements, env = _keras2_pair(tensorflow)
+    start = time.time()
+    _install(session, *requirements)
+    session.log(f"{' '.join(requirements)}: installed in {time.time() - start:.0f} s")
+    row = _test_pair(session, KERAS2[tensorflow], tensorflow, suites, env)
+    session.log(f"{row}")
+    return row
+
+
+@nox.session
+@nox.parametrize("tensorflow", list(KERAS2))
+def matrix_keras2(session: nox.Session, tensorflow: str) -> None:
+    """`KERAS2_SUITES` on one TensorFlow with the Keras 2 of its release."""
+    row = _keras2(session, tensorflow)
+    _record(row)
+    if row["outcome"] != "passed":
+        session.error(f"TensorFlow {tensorflow} fails with its Keras 2")
+
+
+@nox.session
+def oldest_keras2(session: nox.Session) -> None:
+    """`KERAS2_CI_SUITES` on the oldest Keras 2 pair (not recorded)."""
+    tensorflow = next(iter(KERAS2))
+    row = _keras2(session, tensorflow, KERAS2_CI_SUITES)
+    if row["outcome"] != "passed":
+        session.error(f"Keras {KERAS2[tensorflow]} with TensorFlow {tensorflow} fails")
 
 
 @nox.session
@@ -277,13 +404,28 @@ def _venv(session: nox.Session, path: Path, *requirements: str) -> Path:
 
 
 def _tensorflow_packages(session: nox.Session, bin_dir: Path) -> list[str]:
+    """The installed TensorFlow and Keras distributions, ``name==version``."""
     frozen = session.run(bin_dir / "pip", "freeze", silent=True, external=True)
-    return sorted(line for line in frozen.split() if line.startswith("tensorflow"))
+    return sorted(
+        line
+        for line in frozen.splitlines()
+        if re.match(r"(tensorflow\S*|keras|tf[-_]keras)==", line, re.I)
+    )
 
 
 def _demo(session: nox.Session, bin_dir: Path) -> None:
     session.run(bin_dir / "kerastower", "--version", external=True, env=_ENV)
     session.run(bin_dir / "kerastower", "demo", "--epochs", "1", external=True)
+
+
+def _install_beside(
+    session: nox.Session, bin_dir: Path, wheel: Path, before: list[str]
+) -> None:
+    """Installs `wheel` without an extra; fails if TensorFlow or Keras changed."""
+    session.run(bin_dir / "pip", "install", "-q", str(wheel), external=True)
+    after = _tensorflow_packages(session, bin_dir)
+    if after != before:
+        session.error(f"installing kerastower changed TensorFlow: {before} -> {after}")
 
 
 @nox.session
@@ -307,62 +449,112 @@ def package(session: nox.Session) -> None:
     # TensorFlow already installed, older than the one the `cpu` extra would
     # bring: the wheel without an extra keeps it.
     existing = _venv(session, tmp / "existing", f"tensorflow-cpu=={TENSORFLOW[0]}")
-    before = _tensorflow_packages(session, existing)
-    session.run(existing / "pip", "install", "-q", str(wheel), external=True)
-    after = _tensorflow_packages(session, existing)
-    if after != before:
-        session.error(f"installing kerastower changed TensorFlow: {before} -> {after}")
+    _install_beside(session, existing, wheel, _tensorflow_packages(session, existing))
     _demo(session, existing)
+
+    # TensorFlow 2.15 and the Keras 2 it ships as `tf.keras`: the wheel
+    # without an extra must not bring Keras 3 (which would break `tf.keras`).
+    # `--version` names the family; `kerastower demo` does not yet match one
+    # device on Keras 2.
+    requirements, env = _keras2_pair("2.15.1")
+    keras2 = _venv(session, tmp / "keras2", *requirements)
+    _install_beside(session, keras2, wheel, _tensorflow_packages(session, keras2))
+    version = session.run(
+        keras2 / "kerastower", "--version", external=True, env=env, silent=True
+    )
+    if "Keras 2.15.0 (tf.keras)" not in version:
+        session.error(f"expected Keras 2.15.0 (tf.keras). Received: {version}")
+
+
+def _rows() -> dict[tuple[str, str], dict]:
+    rows = json.loads(RESULTS.read_text()) if RESULTS.exists() else []
+    return {(r["keras"], r["tensorflow"]): r for r in rows}
+
+
+def _mark(row: dict | None) -> str:
+    if row is None:
+        return "not run"
+    passed = row["tests"] - row["failures"] - row["errors"]
+    return f"{row['outcome']} {passed}/{row['tests']}, {row['seconds']} s"
+
+
+def _footer(run: list[dict], what: str) -> list[str]:
+    """When, on which commits and Python the `run` rows ran, and how long."""
+    if not run:
+        return []
+    dates = sorted({r["date"] for r in run})
+    commits = sorted({r["commit"] for r in run})
+    return [
+        "",
+        f"Run {dates[0]}"
+        + (f" to {dates[-1]}" if len(dates) > 1 else "")
+        + f" on commit {', '.join(commits)}, Python "
+        f"{', '.join(sorted({r['python'] for r in run}))}, {what}; "
+        f"{sum(r['seconds'] for r in run) // 60} minutes of tests in all.",
+    ]
 
 
 def table() -> str:
-    """The last full matrix run as a Markdown table, TensorFlow down, Keras across."""
-    rows = json.loads(RESULTS.read_text()) if RESULTS.exists() else []
-    cells = {(r["keras"], r["tensorflow"]): r for r in rows}
+    """The last Keras 3 run as a Markdown table, TensorFlow down, Keras across."""
+    cells = _rows()
     lines = [
         "| TensorFlow \\ Keras | " + " | ".join(KERAS) + " |",
         "|---" * (len(KERAS) + 1) + "|",
     ]
     for tensorflow in TENSORFLOW:
-        marks = []
-        for keras in KERAS:
-            row = cells.get((keras, tensorflow))
-            if not installable(keras, tensorflow):
-                marks.append("not installable")
-            elif row is None:
-                marks.append("not run")
-            else:
-                passed = row["tests"] - row["failures"] - row["errors"]
-                marks.append(
-                    f"{row['outcome']} {passed}/{row['tests']}, {row['seconds']} s"
-                )
+        marks = [
+            _mark(cells.get((keras, tensorflow)))
+            if installable(keras, tensorflow)
+            else "not installable"
+            for keras in KERAS
+        ]
         lines.append(f"| {tensorflow} | " + " | ".join(marks) + " |")
     run = [cells[k] for k in cells if k[0] in KERAS and k[1] in TENSORFLOW]
-    if run:
-        dates = sorted({r["date"] for r in run})
-        commits = sorted({r["commit"] for r in run})
-        lines += [
-            "",
-            f"Run {dates[0]}"
-            + (f" to {dates[-1]}" if len(dates) > 1 else "")
-            + f" on commit {', '.join(commits)}, Python "
-            f"{', '.join(sorted({r['python'] for r in run}))}, tensorflow-cpu; "
-            f"{sum(r['seconds'] for r in run) // 60} minutes of tests in all.",
-        ]
-    return "\n".join(lines)
+    return "\n".join(lines + _footer(run, "tensorflow-cpu"))
+
+
+def table_keras2() -> str:
+    """The last Keras 2 run as a Markdown table, one pair a line."""
+    cells = _rows()
+    lines = [
+        "| TensorFlow | Keras 2 | Installed with | Tests |",
+        "|---|---|---|---|",
+    ]
+    for tensorflow, keras in KERAS2.items():
+        requirements, _ = _keras2_pair(tensorflow)
+        family = (
+            f"`tf_keras` {keras}, `TF_USE_LEGACY_KERAS=1`"
+            if _legacy(tensorflow)
+            else f"`keras` {keras}, as `tf.keras`"
+        )
+        lines.append(
+            f"| {tensorflow} | {family} | `{' '.join(requirements)}` "
+            f"| {_mark(cells.get((keras, tensorflow)))} |"
+        )
+    run = [cells[(k, tf)] for tf, k in KERAS2.items() if (k, tf) in cells]
+    suites = ", ".join(f"`{s}`" for s in KERAS2_SUITES)
+    return "\n".join(lines + _footer(run, f"tests {suites}"))
+
+
+# The generated blocks of docs/installation.md: marker name -> its text.
+_DOCS_TABLES = {"matrix": table, "matrix-keras2": table_keras2}
 
 
 def write_docs() -> None:
-    """Replaces the table between the markers in ``docs/installation.md``."""
+    """Replaces each table between its markers in ``docs/installation.md``."""
     text = DOCS.read_text()
-    pattern = re.compile(r"(<!-- matrix:start -->\n).*?(<!-- matrix:end -->)", re.S)
-    if not pattern.search(text):
-        raise SystemExit(f"{DOCS} has no <!-- matrix:start/end --> markers")
-    DOCS.write_text(pattern.sub(lambda m: m[1] + table() + "\n" + m[2], text))
+    for name, make in _DOCS_TABLES.items():
+        pattern = re.compile(
+            rf"(<!-- {name}:start -->\n).*?(<!-- {name}:end -->)", re.S
+        )
+        if not pattern.search(text):
+            raise SystemExit(f"{DOCS} has no <!-- {name}:start/end --> markers")
+        text = pattern.sub(lambda m, make=make: m[1] + make() + "\n" + m[2], text)
+    DOCS.write_text(text)
 
 
 if __name__ == "__main__":
     if "--docs" in sys.argv:
         write_docs()
     elif "--table" in sys.argv:
-        print(table())
+        print(table(), table_keras2(), sep="\n\n")

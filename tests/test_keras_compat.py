@@ -55,17 +55,49 @@ def test_the_error_names_the_hook_and_the_versions():
 
 
 def test_the_fence_states_the_range_pyproject_declares():
+    """pyproject.toml asks for the ranges that `import kerastower` accepts.
+
+    Keras 3 comes with TensorFlow, in the `cpu` and `gpu` extras: among the
+    dependencies it would replace the Keras 2 of a TensorFlow 2.12 to 2.15.
+    The `legacy` extra asks for the `tf_keras` of each TensorFlow release
+    that those extras install (a `tf_keras` runs with its own release only),
+    inside the Keras 2 range.
+    """
     import tomllib
     from pathlib import Path
 
+    from packaging.requirements import Requirement
+    from packaging.specifiers import SpecifierSet
+    from packaging.version import Version
+
     from kerastower._keras_compat import errors
+
+    def bounds(specifier):
+        """``">=2.16.2,<2.22"`` -> ``(Version("2.16.2"), Version("2.22"))``."""
+        ends = {s.operator: Version(s.version) for s in SpecifierSet(specifier)}
+        assert set(ends) == {">=", "<"}, specifier
+        return ends[">="], ends["<"]
 
     project = tomllib.loads(
         (Path(__file__).resolve().parents[1] / "pyproject.toml").read_text()
     )["project"]
-    assert f"keras{errors.SUPPORTED_KERAS}" in project["dependencies"]
-    cpu = project["optional-dependencies"]["cpu"]
-    assert cpu == [f"tensorflow-cpu{errors.SUPPORTED_TENSORFLOW}"]
+    assert [Requirement(r).name for r in project["dependencies"]] == ["numpy"]
+    extras = project["optional-dependencies"]
+    for extra, tensorflow in (
+        ("cpu", "tensorflow-cpu"),
+        ("gpu", "tensorflow[and-cuda]"),
+    ):
+        assert sorted(extras[extra]) == [
+            f"keras{errors.SUPPORTED_KERAS}",
+            f"{tensorflow}{errors.SUPPORTED_TENSORFLOW}",
+        ]
+    (legacy,) = map(Requirement, extras["legacy"])
+    assert legacy.name == "tf_keras"
+    oldest, end = bounds(errors.SUPPORTED_TENSORFLOW)
+    first_minor = Version(f"{oldest.major}.{oldest.minor}")
+    assert bounds(str(legacy.specifier)) == (first_minor, end)
+    keras_2 = bounds(errors.SUPPORTED_KERAS_2)
+    assert keras_2[0] <= first_minor and keras_2[1] == end
 
 
 @pytest.mark.parametrize(

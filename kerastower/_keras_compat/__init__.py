@@ -86,6 +86,7 @@ is_remote_path = _callbacks.is_remote_path
 learning_rate_slot = _callbacks.learning_rate_slot
 print_msg = _callbacks.print_msg
 set_initial_epoch = _callbacks.set_initial_epoch
+steps_per_execution = _callbacks.steps_per_execution
 
 RECORDS_ASSIGNMENTS = _layers.RECORDS_ASSIGNMENTS
 SPECTRAL_NORMALIZATION = _layers.SPECTRAL_NORMALIZATION
@@ -112,6 +113,8 @@ functional_init_arguments = _trainer.functional_init_arguments
 graph_of = _trainer.graph_of
 init_functional = _trainer.init_functional
 inner_layers = _trainer.inner_layers
+LOSS_TRACKED_BY_CONTAINER = _trainer.LOSS_TRACKED_BY_CONTAINER
+METRICS_BUILT_BEFORE_FIT = _trainer.METRICS_BUILT_BEFORE_FIT
 loss_metric_weight = _trainer.loss_metric_weight
 loss_scaler = _trainer.loss_scaler
 loss_tracker = _trainer.loss_tracker
@@ -126,6 +129,8 @@ functional_variant = functools.partial(
 
 __all__ = [
     "KERAS_FAMILY",
+    "LOSS_TRACKED_BY_CONTAINER",
+    "METRICS_BUILT_BEFORE_FIT",
     "NOINLINE_FUNCTIONS",
     "RECORDS_ASSIGNMENTS",
     "SPECTRAL_NORMALIZATION",
@@ -177,6 +182,7 @@ __all__ = [
     "set_initial_epoch",
     "set_keras_mask",
     "spectral_update",
+    "steps_per_execution",
     "strategy_made_after_start",
     "strategy_num_workers",
     "tower_replica_context",

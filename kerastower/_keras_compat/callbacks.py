@@ -135,6 +135,11 @@ def learning_rate_slot(optimizer):
 _REPORTS_LAST_STEP = KERAS_MINOR >= (3, 11)
 
 
+def steps_per_execution(model) -> int:
+    """The training steps Keras runs per execution of its step function."""
+    return int(getattr(model, "steps_per_execution", 1))
+
+
 def check_execution_steps(model, callback: str) -> None:
     """Raises if `callback` cannot count the steps of an execution.
 
@@ -146,7 +151,7 @@ def check_execution_steps(model, callback: str) -> None:
         ValueError: On Keras 3.10, where a callback is told only the first
             step of each execution, with ``steps_per_execution > 1``.
     """
-    steps = getattr(model, "steps_per_execution", 1)
+    steps = steps_per_execution(model)
     if not _REPORTS_LAST_STEP and steps > 1:
         raise ValueError(
             f"`{callback}` counts the steps of each execution, which Keras "

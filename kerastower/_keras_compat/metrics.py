@@ -17,6 +17,10 @@ for ``v`` the loss (or a multiple of it) that is ``L`` and 1, one device's
 update, masked losses included; for another batch mean, a mean weighted by
 the towers' shares of the loss.
 
+Keras 3's `Mean` is patched in its class. Keras 2 binds each metric's
+``update_state`` when the metric is made, so there the model's own `Mean`
+metrics (`keras.Model.metrics`) are patched one by one.
+
 Every other update made in a tower (values with examples on an axis, as
 ``update_state(y_true, y_pred)``, or another metric class) is made at once
 and adds up over the towers: one device's value for per-example updates and
@@ -26,6 +30,7 @@ for sums.
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 import threading
 from collections.abc import Callable, Iterator
@@ -33,13 +38,12 @@ from collections.abc import Callable, Iterator
 import tensorflow as tf
 
 from kerastower._keras_compat.errors import _fail
-from kerastower._keras_compat.family import keras
+from kerastower._keras_compat.family import KERAS_FAMILY, keras
 
 _local = threading.local()
 _lock = threading.Lock()
 _open = 0
-_original = None  # `Mean.update_state` while patched
-_own = False  # whether `Mean` defined it itself, not inherited
+_undo: list = []  # what puts the patched `update_state`s back
 
 
 def _check_mean() -> None:
@@ -55,12 +59,52 @@ def _check_mean() -> None:
         )
 
 
-def _deferred_update_state(self, values, sample_weight=None):
+def _deferred(update, dtype, values, sample_weight=None):
+    """`update` (a `Mean`'s own ``update_state``), deferred for a scalar."""
     pending = getattr(_local, "pending", None)
     if pending is not None and tf.convert_to_tensor(values).shape.rank == 0:
-        pending.append((self, values, sample_weight))
+        pending.append((update, dtype, values, sample_weight))
         return None
-    return _original(self, values, sample_weight=sample_weight)
+    return update(values, sample_weight=sample_weight)
+
+
+def _patch_class() -> Callable[[], None]:
+    """Keras 3: defers every `Mean`'s scalar updates; returns the undo."""
+    original = keras.metrics.Mean.update_state
+    own = "update_state" in vars(keras.metrics.Mean)
+
+    def update_state(self, values, sample_weight=None):
+        update = functools.partial(original, self)
+        return _deferred(update, self.dtype, values, sample_weight)
+
+    keras.metrics.Mean.update_state = update_state
+
+    def undo():
+        if own:
+            keras.metrics.Mean.update_state = original
+        else:
+            del keras.metrics.Mean.update_state
+
+    return undo
+
+
+def _patch_instances(model) -> Callable[[], None]:
+    """Keras 2: defers the scalar updates of `model`'s `Mean` metrics."""
+    patched = []
+    mean_update = keras.metrics.Mean.update_state
+    for metric in getattr(model, "metrics", []):
+        # Not the `Mean`s that take ``(y_true, y_pred)`` (accuracies).
+        own = getattr(type(metric), "update_state", None) is mean_update
+        if own and "update_state" in vars(metric):
+            original = vars(metric)["update_state"]
+            metric.update_state = functools.partial(_deferred, original, metric.dtype)
+            patched.append((metric, original))
+
+    def undo():
+        for metric, original in patched:
+            metric.update_state = original
+
+    return undo
 
 
 def weigh_scalar_means(factor: Callable[[], tf.Tensor]) -> None:
@@ -76,18 +120,18 @@ def weigh_scalar_means(factor: Callable[[], tf.Tensor]) -> None:
     factor = tf.stop_gradient(factor())
     _local.pending = None  # the updates below are made, not deferred
     try:
-        for metric, values, sample_weight in pending:
-            weight = tf.cast(factor, metric.dtype)
+        for update, dtype, values, sample_weight in pending:
+            weight = tf.cast(factor, dtype)
             if sample_weight is not None:
-                weight = tf.cast(sample_weight, metric.dtype) * weight
-            _original(metric, values, sample_weight=weight)
+                weight = tf.cast(sample_weight, dtype) * weight
+            update(values, sample_weight=weight)
     finally:
         pending.clear()
         _local.pending = pending
 
 
 @contextlib.contextmanager
-def scalar_means_weighted(share: tf.Tensor) -> Iterator[None]:
+def scalar_means_weighted(share: tf.Tensor, model=None) -> Iterator[None]:
     """Defers this thread's scalar `keras.metrics.Mean` updates while open.
 
     Open it around one tower's step. Updates still waiting when it closes
@@ -95,18 +139,20 @@ def scalar_means_weighted(share: tf.Tensor) -> Iterator[None]:
 
     Args:
         share: The tower's share ``n_i / B`` of the global batch.
+        model: The model whose metrics the towers update (Keras 2 patches
+            them one by one).
 
     Raises:
         KerasCompatibilityError: If `keras.metrics.Mean.update_state` no
             longer takes ``(values, sample_weight)``.
     """
-    global _open, _original, _own
+    global _open
     with _lock:
         if _open == 0:
             _check_mean()
-            _original = keras.metrics.Mean.update_state
-            _own = "update_state" in vars(keras.metrics.Mean)
-            keras.metrics.Mean.update_state = _deferred_update_state
+            _undo.append(
+                _patch_class() if KERAS_FAMILY >= 3 else _patch_instances(model)
+            )
         _open += 1
     previous = getattr(_local, "pending", None)
     _local.pending = []
@@ -118,7 +164,4 @@ def scalar_means_weighted(share: tf.Tensor) -> Iterator[None]:
         with _lock:
             _open -= 1
             if _open == 0:
-                if _own:
-                    keras.metrics.Mean.update_state = _original
-                else:
-                    del keras.metrics.Mean.update_state
+                _undo.pop()()

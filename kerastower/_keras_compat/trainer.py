@@ -134,9 +134,10 @@ def compiled_losses_replaced(model, wrap, metric_stand_in):
     metric by ``metric_stand_in()`` while open.
 
     Yields:
-        ``(loss_weights, has_metrics)``: the compiled losses' weights (1.0
-        where none was given), in the order Keras computes them, and whether
-        Keras keeps per-output loss metrics (models with several outputs).
+        ``(loss_weights, has_metrics, None)``: the compiled losses' weights
+        (1.0 where none was given), in the order Keras computes them, and
+        whether Keras keeps per-output loss metrics (models with several
+        outputs); Keras 3's ``loss`` metric is the step's whole loss.
 
     Raises:
         KerasCompatibilityError: If Keras no longer keeps its compiled losses
@@ -144,7 +145,7 @@ def compiled_losses_replaced(model, wrap, metric_stand_in):
     """
     compile_loss = _attribute(model, "_compile_loss", "Trainer")
     if compile_loss is None:
-        yield [], False
+        yield [], False, None
         return
     entries = _attribute(compile_loss, "_flat_losses", "CompileLoss")
     metrics = _attribute(compile_loss, "_metrics", "CompileLoss")
@@ -164,12 +165,20 @@ def compiled_losses_replaced(model, wrap, metric_stand_in):
         yield (
             [1.0 if e.loss_weights is None else e.loss_weights for e in entries],
             bool(metrics),
+            None,
         )
     finally:
         if entries:
             compile_loss._flat_losses = entries
         if metrics:
             compile_loss._metrics = metrics
+
+
+# Keras 3 builds a model's metrics before `fit`'s first step.
+METRICS_BUILT_BEFORE_FIT = True
+
+# The step updates Keras 3's ``loss`` metric with its whole loss.
+LOSS_TRACKED_BY_CONTAINER = False
 
 
 def loss_metric_weight(outputs) -> int | None:

@@ -281,6 +281,19 @@ class BackupAndRestore(keras.callbacks.Callback):
         values = state["values"]
         metrics = self._metric_variables()
         window = self._window_variables()
+        built = _keras_compat.METRICS_BUILT_BEFORE_FIT
+        if not metrics and state["metrics"] and not built:
+            if state["step"] == 0:  # nothing counted yet: nothing to restore
+                values = values[state["metrics"] :]
+                state = dict(state, metrics=0)
+            else:
+                raise ValueError(
+                    "BackupAndRestore cannot resume inside an epoch on Keras 2 "
+                    "yet: Keras 2 makes the metrics whose state the backup "
+                    "holds only in the first step. Back up at the end of each "
+                    "epoch (`save_freq='epoch'`), or use Keras 3. Received: "
+                    f"a backup at step {state['step']} of epoch {epoch + 1}"
+                )
         if (len(metrics), len(window)) != (state["metrics"], state["window"]):
             raise ValueError(
                 "The backup does not fit this training: it holds "
@@ -306,7 +319,7 @@ class BackupAndRestore(keras.callbacks.Callback):
             if remaining <= 0:
                 model.train_function = train
                 return train(iterator)
-            for _ in range(min(model.steps_per_execution, remaining)):
+            for _ in range(min(_keras_compat.steps_per_execution(model), remaining)):
                 iterator.get_next()
                 remaining -= 1
             return model.get_metrics_result()

@@ -140,7 +140,7 @@ class ChiefCheckpoint(_keras_compat.CheckpointHooks, keras.callbacks.ModelCheckp
         resume: bool = False,
     ):
         super().__init__(
-            filepath,
+            os.fspath(filepath),  # Keras 2 takes a string only
             monitor=monitor,
             verbose=verbose,
             save_best_only=save_best_only,

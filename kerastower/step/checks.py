@@ -138,7 +138,7 @@ def check_gathered_steps(model: keras.Model) -> None:
         ValueError: If ``global_batch_loss`` is set on several workers with
             ``steps_per_execution > 1``.
     """
-    steps = getattr(model, "steps_per_execution", 1)
+    steps = _keras_compat.steps_per_execution(model)
     if model.global_batch_loss and model.num_workers > 1 and steps > 1:
         raise ValueError(
             "`global_batch_loss=True` on several workers runs one step per "

@@ -175,6 +175,10 @@ class TowerLosses(NamedTuple):
         sum_fn: Sums a list of tensors over all towers of all workers.
         first_worker: Whether this worker is the first (the chief), whose
             first tower counts a loss that every tower computed whole.
+        container_totals: Keras 2: what each tower's compiled loss gave its
+            ``loss`` metric (compiled losses and regularization, without what
+            a `compute_loss` of the user's adds), keyed by its replica
+            context; ``None`` on Keras 3, whose ``loss`` is the whole loss.
     """
 
     records: dict
@@ -183,6 +187,7 @@ class TowerLosses(NamedTuple):
     per_output_metrics: bool
     sum_fn: Callable[[Sequence[tf.Tensor]], list[tf.Tensor]]
     first_worker: bool = True
+    container_totals: dict | None = None
 
 
 def weigh_loss(

@@ -132,7 +132,28 @@ class StepLoss:
 
         # A `Mean` of the loss updated in `compute_loss` weighs as the loss.
         _keras_compat.weigh_scalar_means(factor)
+        if losses.container_totals is not None:
+            per_output = [
+                *per_output,
+                self._container_share(loss, weighted, weight, losses),
+            ]
         return weighted, per_output
+
+    @staticmethod
+    def _container_share(loss, weighted, weight, losses):
+        """This tower's weighted share of Keras 2's ``loss`` metric.
+
+        Keras 2's metric takes the compiled loss ``C_i`` (compiled losses
+        and regularization), not what a `compute_loss` of the user's adds to
+        it, ``loss - C_i``, which is weighted by the tower's share: the
+        metric's share is ``weighted - (loss - C_i) * n_i / B``. 0 for a
+        tower whose `compute_loss` did not call the compiled loss.
+        """
+        total = losses.container_totals.pop(tf.distribute.get_replica_context(), None)
+        if total is None:
+            return tf.zeros_like(weighted)
+        added = loss - tf.cast(total, loss.dtype)
+        return weighted - added * tf.cast(weight, loss.dtype)
 
     def tower_loss(self, x, y, y_pred, sample_weight, weight, losses, training):
         """This tower's weighted share of the step's loss and of each output's.
@@ -151,12 +172,16 @@ class StepLoss:
         return loss, y_pred, per_output, masks_of(y_pred)
 
     def update_metrics(self, per_output, batch):
-        """Updates Keras's per-output loss metrics once, with global values."""
+        """Updates Keras's per-output loss metrics once, with global values;
+        on Keras 2 its ``loss`` metric too (the last value, see `weigh`)."""
         batch_dim = _keras_compat.loss_metric_weight(first_leaf(batch))
         metrics = _keras_compat.per_output_loss_metrics(self.model)
-        for metric, value in zip(
-            metrics, workers.sum_over_workers(self.model, per_output)
-        ):
+        values = workers.sum_over_workers(self.model, per_output)
+        if _keras_compat.LOSS_TRACKED_BY_CONTAINER and values:
+            *values, total = values
+            tracker = _keras_compat.loss_tracker(self.model)
+            tracker.update_state(total, sample_weight=batch_dim)
+        for metric, value in zip(metrics, values, strict=True):
             metric.update_state(value, sample_weight=batch_dim)
 
 

@@ -72,7 +72,7 @@ def tower_context(
             _keras_compat.activity_penalties_summed(layers, global_batch),
             _keras_compat.compiled_losses_replaced(
                 model, lambda loss: TowerLoss(loss, records), _IgnoredMetric
-            ) as (loss_weights, has_metrics),
+            ) as (loss_weights, has_metrics, container_totals),
         ):
             yield TowerLosses(
                 records,
@@ -81,6 +81,7 @@ def tower_context(
                 has_metrics,
                 sum_fn,
                 workers.worker_rank(model) == 0,
+                container_totals,
             )
     finally:
         for layer in patched:

@@ -89,7 +89,7 @@ class TowerRuns:
             # A `Mean` of a batch scalar (a loss tracked in `compute_loss`)
             # counts each tower with its loss's weight, so that the towers
             # count the batch once, as one device does.
-            with _keras_compat.scalar_means_weighted(weight):
+            with _keras_compat.scalar_means_weighted(weight, model):
                 return tower_fn(shard, weight, losses)
 
         def new_sum():

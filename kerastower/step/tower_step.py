@@ -140,9 +140,10 @@ class TowerStep:
             model.optimizer.apply_gradients(zip(gradients, trainable))
 
         def update_metrics():
-            _keras_compat.loss_tracker(model).update_state(
-                loss, sample_weight=batch_size
-            )
+            # Keras 2's compiled loss updates ``loss`` itself (`StepLoss`).
+            if not _keras_compat.LOSS_TRACKED_BY_CONTAINER:
+                tracker = _keras_compat.loss_tracker(model)
+                tracker.update_state(loss, sample_weight=batch_size)
             return model.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
 
         return workers.metric_results_over_workers(self.model, update_metrics)
@@ -174,9 +175,9 @@ class TowerStep:
         self.loss.update_metrics(per_output, y_pred)
 
         def update_metrics():
-            _keras_compat.loss_tracker(model).update_state(
-                loss, sample_weight=tf.shape(first_leaf(x))[0]
-            )
+            if not _keras_compat.LOSS_TRACKED_BY_CONTAINER:
+                tracker = _keras_compat.loss_tracker(model)
+                tracker.update_state(loss, sample_weight=tf.shape(first_leaf(x))[0])
             return model.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
 
         return workers.metric_results_over_workers(self.model, update_metrics)

@@ -8,13 +8,12 @@ import errno
 import json
 import os
 
-import keras
 import numpy as np
 import pytest
+from keras_family import keras, keras3_only
 from oracle import Crash, assert_same_weights, mlp, regression_data
 
 import kerastower
-from kerastower._keras_compat import callbacks as compat_callbacks
 from kerastower.callbacks import (
     ChiefCheckpoint,
     checkpoint_epoch,
@@ -73,12 +72,15 @@ def test_options_write_what_model_checkpoint_writes(tmp_path, pattern, options):
     write_what_model_checkpoint_writes(tmp_path, pattern, options)
 
 
+@keras3_only
 @pytest.mark.parametrize("pattern, options", OPTIONS[2:4])
 def test_the_keras_3_9_save_best_only_decision_writes_what_keras_writes(
     tmp_path, monkeypatch, pattern, options
 ):
     # Keras 3.8 and 3.9 have no `_should_save_model`; the fallback decides as
     # they do, which for a monitor that is logged is what newer Keras decides.
+    from kerastower._keras_compat import callbacks as compat_callbacks
+
     monkeypatch.setattr(compat_callbacks, "_HAS_SHOULD_SAVE", False)
     monkeypatch.setattr(
         ChiefCheckpoint,
@@ -89,7 +91,10 @@ def test_the_keras_3_9_save_best_only_decision_writes_what_keras_writes(
     write_what_model_checkpoint_writes(tmp_path, pattern, options)
 
 
+@keras3_only
 def test_a_missing_monitor_skips_the_save_as_keras_3_9_does(tmp_path, monkeypatch):
+    from kerastower._keras_compat import callbacks as compat_callbacks
+
     monkeypatch.setattr(compat_callbacks, "_HAS_SHOULD_SAVE", False)
     path = tmp_path / "best.keras"
     with pytest.warns(UserWarning, match="only with val_loss available, skipping"):
@@ -134,6 +139,7 @@ def test_full_model_checkpoint_loads_as_a_tower_model(tmp_path):
     assert_same_weights(loaded, model, rtol=0, atol=0)
 
 
+@keras3_only  # Keras 2's ModelCheckpoint takes any path (a SavedModel)
 @pytest.mark.parametrize(
     "filepath, options",
     [

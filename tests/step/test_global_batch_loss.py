@@ -7,9 +7,10 @@ every tower computes the loss of the whole batch from the gathered
 predictions, and the gradients flow back to the tower that made each one.
 """
 
-import keras
 import numpy as np
 import pytest
+import tensorflow as tf
+from keras_family import keras
 from oracle import (
     fit_and_compare,
     fit_twins,
@@ -27,12 +28,10 @@ LABELS = RNG.integers(0, 3, size=(23, 1)).astype("float32")
 def in_batch_contrastive(y_true, y_pred):
     """Supervised contrastive loss, SimCLR- and CLIP-style: each example's
     targets are the other examples of the batch with its label."""
-    z = y_pred / keras.ops.norm(y_pred, axis=1, keepdims=True)
-    logits = keras.ops.matmul(z, keras.ops.transpose(z)) / 0.5
-    same = keras.ops.cast(
-        keras.ops.equal(y_true, keras.ops.transpose(y_true)), "float32"
-    )
-    targets = same / keras.ops.sum(same, axis=1, keepdims=True)
+    z = y_pred / tf.norm(y_pred, axis=1, keepdims=True)
+    logits = tf.matmul(z, tf.transpose(z)) / 0.5
+    same = tf.cast(tf.equal(y_true, tf.transpose(y_true)), "float32")
+    targets = same / tf.reduce_sum(same, axis=1, keepdims=True)
     return keras.losses.categorical_crossentropy(targets, logits, from_logits=True)
 
 

@@ -6,11 +6,11 @@ blocks, as they cut dense inputs. `tf.split` cannot cut a `tf.SparseTensor`:
 this raised a `TypeError` once.
 """
 
-import keras
 import numpy as np
 import pytest
 import scipy.sparse
 import tensorflow as tf
+from keras_family import keras
 from oracle import KERAS_MINOR, fit_and_compare
 
 

@@ -12,8 +12,8 @@ from __future__ import annotations
 import os
 import sys
 
-import keras
 import numpy as np
+from tensorflow import keras
 
 import kerastower
 

@@ -8,8 +8,8 @@ steps, so worker 0 waits inside batch 4's all-reduce until it times out.
 import sys
 import time
 
-import keras
 import numpy as np
+from tensorflow import keras
 
 import kerastower
 

@@ -19,8 +19,8 @@ import json
 import os
 import sys
 
-import keras
 import numpy as np
+from tensorflow import keras
 
 import kerastower
 

@@ -29,8 +29,8 @@ import signal
 import sys
 import threading
 
-import keras
 import numpy as np
+from tensorflow import keras
 
 import kerastower
 

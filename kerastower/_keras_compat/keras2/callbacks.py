@@ -1,31 +1,28 @@
 """Keras 2 callback and optimizer internals used by kerastower.
 
-The Keras 3 counterparts are in `kerastower._keras_compat.callbacks`.
-kerastower's checkpointing callbacks (`ChiefCheckpoint`,
-`BackupAndRestore`) decide when to save and where to resume through hooks
-that are not ported to Keras 2 yet: those raise a clear error.
+The Keras 3 counterparts are in `kerastower._keras_compat.callbacks`. Keras 2
+decides whether to save inside ``ModelCheckpoint._save_model`` (`should_save`
+is that decision), and starts `fit` at the epoch that
+``Model._maybe_load_initial_counters_from_ckpt`` returns after
+``on_train_begin`` (`set_initial_epoch` answers it).
 """
 
 from __future__ import annotations
 
+import inspect
 import re
+import warnings
+
+import tensorflow as tf
 
 from kerastower._keras_compat.checkpoints import CheckpointRouting
-from kerastower._keras_compat.errors import KerasCompatibilityError, _attribute
-from kerastower._keras_compat.family import describe
+from kerastower._keras_compat.errors import _attribute, _fail
 from kerastower._keras_compat.keras2.internals import internal
 
 _io_utils = internal("utils.io_utils", "print_msg")
 
 # Keras's own test for a path it must not treat as local (its `file_utils`).
 _REMOTE = re.compile(r"^(/cns|/cfs|/gcs|/hdfs|/readahead|.*://).*$")
-
-
-def _not_yet(what: str) -> KerasCompatibilityError:
-    return KerasCompatibilityError(
-        f"{what} is not supported on Keras 2 yet ({describe()}): use Keras 3, "
-        "or Keras's own callback."
-    )
 
 
 def is_remote_path(path) -> bool:
@@ -39,24 +36,81 @@ def print_msg(message: str) -> None:
 
 
 def set_initial_epoch(model, epoch: int | None) -> None:
-    """Not supported on Keras 2 yet: Keras 2 resumes through its own
-    training state, not ``model._initial_epoch``."""
-    del model, epoch
-    raise _not_yet("Resuming `fit` at a saved epoch")
+    """Makes `fit` start at `epoch` when set in ``on_train_begin`` (``None``
+    clears it): Keras 2 asks ``_maybe_load_initial_counters_from_ckpt`` for
+    the epoch and step to start at once the callbacks have begun."""
+    hook = "_maybe_load_initial_counters_from_ckpt"
+    method = getattr(type(model), hook, None)
+    if not callable(method) or list(inspect.signature(method).parameters) != [
+        "self",
+        "steps_per_epoch",
+        "initial_epoch",
+    ]:
+        raise _fail(f"Model.{hook}(steps_per_epoch, initial_epoch)", "changed")
+    if epoch is None:
+        vars(model).pop(hook, None)
+        return
+    setattr(model, hook, lambda steps_per_epoch, initial_epoch: (epoch, 0))
 
 
 class CheckpointHooks(CheckpointRouting):
-    """`CheckpointRouting`, and Keras's decision whether to save."""
+    """`CheckpointRouting`, and Keras 2's decision whether to save."""
+
+    def _implements_train_batch_hooks(self):
+        # Keras 2 skips a `ModelCheckpoint`'s batch hooks when it saves per
+        # epoch; `ChiefCheckpoint` counts the batches of each epoch.
+        return True
 
     def should_save(self, epoch: int, batch: int | None, logs, path: str) -> bool:
-        """Not supported on Keras 2 yet: raises."""
-        del epoch, batch, logs, path
-        raise _not_yet(f"`{type(self).__name__}`")
+        """Whether Keras 2's rules (``period``, ``save_best_only``) save this
+        one, with its messages (``ModelCheckpoint._save_model``)."""
+        if not (
+            isinstance(self.save_freq, int)
+            or self.epochs_since_last_save >= self.period
+        ):
+            return False
+        self.epochs_since_last_save = 0
+        if not self.save_best_only:
+            if self.verbose > 0:
+                print_msg(f"\nEpoch {epoch + 1}: saving model to {path}")
+            return True
+        current = (logs or {}).get(self.monitor)
+        if current is None:
+            warnings.warn(
+                f"Can save best model only with {self.monitor} available, skipping.",
+                stacklevel=3,
+            )
+            return False
+        current = float(current)
+        if self.monitor_op(current, self.best):
+            if self.verbose > 0:
+                print_msg(
+                    f"\nEpoch {epoch + 1}: {self.monitor} improved from "
+                    f"{self.best:.5f} to {current:.5f}, saving model to {path}"
+                )
+            self.best = current
+            return True
+        if self.verbose > 0:
+            print_msg(
+                f"\nEpoch {epoch + 1}: {self.monitor} did not improve from "
+                f"{self.best:.5f}"
+            )
+        return False
 
 
 def learning_rate_slot(optimizer):
     """The optimizer's learning rate as it holds it: a variable or a schedule."""
     return _attribute(optimizer, "_learning_rate", "Optimizer")
+
+
+def steps_per_execution(model) -> int:
+    """The training steps Keras 2 runs per execution (a variable it keeps
+    from `compile`; 1 before)."""
+    steps = getattr(model, "_steps_per_execution", None)
+    if steps is None:
+        return 1
+    with tf.init_scope():  # its value now, also while a step traces
+        return int(steps.numpy())
 
 
 def check_execution_steps(model, callback: str) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import warnings
 
 import tensorflow as tf
 
@@ -19,12 +20,50 @@ from kerastower._keras_compat.family import keras
 from kerastower._keras_compat.keras2.internals import internal
 from kerastower._keras_compat.step_functions import StepFunctionHooks
 
-_functional = internal("engine.functional", "Functional")
+_functional = internal(
+    "engine.functional",
+    "Functional",
+    "get_network_config",
+    "reconstruct_from_config",
+    "connect_ancillary_layers",
+)
 _training = internal("engine.training", "is_functional_model_init_params")
 _registration = internal("saving.object_registration", "_GLOBAL_CUSTOM_NAMES")
+_serialization = internal("saving.legacy.serialization", "SharedObjectLoadingScope")
 
-Functional = _functional.Functional
 functional_init_arguments = _training.is_functional_model_init_params
+# What a functional model's config holds besides its own arguments.
+_GRAPH_KEYS = ("layers", "input_layers", "output_layers")
+
+
+class Functional(_functional.Functional):
+    """Keras 2's `Functional`, saving its graph whatever the constructor.
+
+    Keras 2 writes a functional model's graph into its config only when its
+    class's ``__init__`` takes exactly ``(inputs, outputs, name,
+    trainable)``, and rebuilds it with just those: `TowerModel` takes more.
+    Here the graph is always saved, and every other key of the config is
+    passed back to the constructor.
+    """
+
+    def get_config(self):
+        config = super().get_config()
+        if not all(key in config for key in _GRAPH_KEYS):
+            config = _functional.get_network_config(self, config=config)
+        return config
+
+    @classmethod
+    def from_config(cls, config, custom_objects=None):
+        if not all(key in config for key in _GRAPH_KEYS):
+            return super().from_config(config, custom_objects=custom_objects)
+        with _serialization.SharedObjectLoadingScope():
+            inputs, outputs, layers = _functional.reconstruct_from_config(
+                config, custom_objects
+            )
+            arguments = {k: v for k, v in config.items() if k not in _GRAPH_KEYS}
+            model = cls(inputs=inputs, outputs=outputs, **arguments)
+            _functional.connect_ancillary_layers(model, layers)
+        return model
 
 
 def register_alias(alias: type, cls: type) -> None:
@@ -38,7 +77,7 @@ def register_alias(alias: type, cls: type) -> None:
 
 def init_functional(model, args, kwargs) -> None:
     """Runs Keras's initialiser of a functional model on `model`."""
-    Functional.__init__(model, *args, **kwargs)
+    _functional.Functional.__init__(model, *args, **kwargs)
 
 
 def graph_of(model):
@@ -119,38 +158,65 @@ def build_before_towers(model, x) -> None:
     if model.built and not unbuilt_losses:
         return
     trace = tf.function(lambda x: forward(model, x, training=True), autograph=False)
-    outputs = trace.get_concrete_function(x).structured_outputs
+    # The towers trace the model again and show its warnings then.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        outputs = trace.get_concrete_function(x).structured_outputs
     if unbuilt_losses:
         container.build(outputs)
 
 
+class _ContainerTotal:
+    """Stands in for the compiled loss's ``loss`` metric in the towers, and
+    records what each tower's compiled loss gave it."""
+
+    def __init__(self):
+        self.totals: dict = {}
+
+    def update_state(self, value, sample_weight=None):
+        del sample_weight
+        self.totals[tf.distribute.get_replica_context()] = value
+
+
 @contextlib.contextmanager
 def compiled_losses_replaced(model, wrap, metric_stand_in):
-    """Replaces each compiled loss ``l`` by ``wrap(l)`` and the loss metrics
-    by ``metric_stand_in()`` while open.
+    """Replaces each compiled loss ``l`` by ``wrap(l)`` and the per-output
+    loss metrics by ``metric_stand_in()`` while open.
 
-    Keras 2 updates the ``loss`` metric inside the compiled loss as well as
-    the per-output ones: all are stood in for, and updated once after the
-    towers.
+    Keras 2 updates its ``loss`` metric inside the compiled loss, with the
+    compiled losses and regularization only (not what a `compute_loss` of
+    the user's adds): each tower's value is recorded, and the step updates
+    the metric once, with the global value (`LOSS_TRACKED_BY_CONTAINER`).
 
     Yields:
-        ``(loss_weights, has_metrics)``: the weights of the compiled losses
-        Keras computes (1.0 where none was given), in order, and whether it
-        keeps per-output loss metrics (models with several outputs).
+        ``(loss_weights, has_metrics, totals)``: the weights of the compiled
+        losses Keras computes (1.0 where none was given), in order; whether
+        it keeps per-output loss metrics (models with several outputs); and
+        each tower's value of the ``loss`` metric, keyed by its replica
+        context.
     """
     container = _losses_container(model)
-    if container is None or not _attribute(container, "_built", "LossesContainer"):
-        yield [], False
+    if container is None:
+        yield [], False, None
+        return
+    total = _attribute(container, "_total_loss_mean", "LossesContainer")
+    recorder = _ContainerTotal()
+    container._total_loss_mean = recorder
+    if not _attribute(container, "_built", "LossesContainer"):
+        # No compiled loss (`build_before_towers`): a `compute_loss` may call
+        # the container, which builds in the tower.
+        try:
+            yield [], False, recorder.totals
+        finally:
+            container._total_loss_mean = total
         return
     losses = list(_attribute(container, "_losses", "LossesContainer"))
     weights = list(_attribute(container, "_loss_weights", "LossesContainer"))
     metrics = list(_attribute(container, "_per_output_metrics", "LossesContainer"))
-    total = _attribute(container, "_total_loss_mean", "LossesContainer")
     container._losses = [None if loss is None else wrap(loss) for loss in losses]
     container._per_output_metrics = [
         None if metric is None else metric_stand_in() for metric in metrics
     ]
-    container._total_loss_mean = metric_stand_in()
     try:
         yield (
             [
@@ -159,11 +225,20 @@ def compiled_losses_replaced(model, wrap, metric_stand_in):
                 if loss is not None
             ],
             any(metric is not None for metric in metrics),
+            recorder.totals,
         )
     finally:
         container._losses = losses
         container._per_output_metrics = metrics
         container._total_loss_mean = total
+
+
+# Keras 2 builds a model's compiled metrics in its first step.
+METRICS_BUILT_BEFORE_FIT = False
+
+# Keras 2's ``loss`` metric is its compiled loss's, updated by
+# `kerastower.step.step_loss.StepLoss.update_metrics`.
+LOSS_TRACKED_BY_CONTAINER = True
 
 
 def loss_metric_weight(outputs) -> tf.Tensor:

@@ -7,9 +7,9 @@ import sys
 import time
 from pathlib import Path
 
-import keras
 import numpy as np
 import pytest
+from keras_family import keras
 from oracle import assert_close
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "multi_worker.py"

@@ -12,9 +12,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-import keras
 import numpy as np
 import pytest
+from keras_family import keras
 from oracle import assert_close
 
 SCRIPT = Path(__file__).resolve().parent / "workers" / "natural.py"

@@ -181,7 +181,8 @@ class StepLoss:
             *values, total = values
             tracker = _keras_compat.loss_tracker(self.model)
             tracker.update_state(total, sample_weight=batch_dim)
-        for metric, value in zip(metrics, values, strict=True):
+        # No `strict`: TensorFlow 2.12's autograph converts `zip` without it.
+        for metric, value in zip(metrics, values):
             metric.update_state(value, sample_weight=batch_dim)
 
 

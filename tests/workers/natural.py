@@ -20,6 +20,7 @@ import os
 import sys
 
 import numpy as np
+import tensorflow as tf
 from tensorflow import keras
 
 import kerastower
@@ -65,7 +66,7 @@ class OwnStep(kerastower.TowerModel):
         grads, loss = self.tower_gradients(loss_fn, variables, x, y)
         self.optimizer.apply_gradients(zip(grads, variables))
         for metric in self.metrics:  # the loss tracker: `loss` is global
-            metric.update_state(loss, sample_weight=keras.ops.shape(x)[0])
+            metric.update_state(loss, sample_weight=tf.shape(x)[0])
         return {m.name: m.result() for m in self.metrics}
 
 
@@ -76,8 +77,8 @@ class Positions(keras.layers.Layer):
         self.table = self.add_weight(shape=tuple(shape[1:]), name="table")
 
     def call(self, x):
-        positions = keras.ops.arange(keras.ops.shape(x)[1])
-        return x + keras.ops.take(self.table, positions, axis=0)[None]
+        positions = tf.range(tf.shape(x)[1])
+        return x + tf.gather(self.table, positions, axis=0)[None]
 
 
 def embedding_graph(seed: int):

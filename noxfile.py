@@ -102,6 +102,9 @@ KERAS2_SUITES = [
     "tests/test_custom_fit_idioms.py",
     "tests/test_keras2_user_script.py",
     "tests/callbacks",
+    "tests/step/test_layer_updates.py",
+    "tests/test_multi_worker_scripts.py",
+    "tests/test_multi_worker.py",
 ]
 KERAS2_CI_SUITES = [
     "tests/test_equivalence.py",

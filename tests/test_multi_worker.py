@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from keras_family import keras
+from keras_family import keras, keras3_only
 from oracle import assert_close
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "multi_worker.py"
@@ -36,6 +36,9 @@ def load(path):
         return [data[f"arr_{i}"] for i in range(len(data.files))]
 
 
+# The example imports Keras 3 (`import keras`); `test_multi_worker_scripts`
+# trains a script that imports `tf.keras` on both families.
+@keras3_only
 @pytest.mark.slow
 def test_two_workers_train_like_one_device_on_the_union_of_their_batches(tmp_path):
     result, _ = launch(tmp_path, "--epochs", "2")
@@ -81,6 +84,9 @@ def test_two_workers_train_like_one_device_on_the_union_of_their_batches(tmp_pat
     assert not [f for f in files if "tmp" in f.lower()]
 
 
+# The example imports Keras 3 (`import keras`); `test_multi_worker_scripts`
+# trains a script that imports `tf.keras` on both families.
+@keras3_only
 @pytest.mark.slow
 def test_accumulation_across_workers_matches_one_device(tmp_path):
     result, _ = launch(tmp_path, "--epochs", "2", "--accumulate", "3")

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from keras_family import keras
+from keras_family import keras, keras3_only_until_ported
 from oracle import assert_close
 
 SCRIPT = Path(__file__).resolve().parent / "workers" / "natural.py"
@@ -34,7 +34,10 @@ def launch(out, workers, towers, family, *extra, timeout=300, replicas=False):
     )
 
 
-class GlobalBatches(keras.utils.PyDataset):
+on_replicas = keras3_only_until_ported("replicas")
+
+
+class GlobalBatches(getattr(keras.utils, "PyDataset", keras.utils.Sequence)):
     """Step ``s`` of one device: batch ``s`` of every worker, in worker order."""
 
     def __init__(self, workers, family):
@@ -107,13 +110,13 @@ def one_device(workers, family, initial):
         (2, "2,3", "contrastive"),
         (3, "2,3,1", "contrastive"),
         # Replicas in one ring over every worker's towers (the GPU path).
-        (2, "2,3", "dense-replicas"),
-        (3, "2,3,1", "embedding-replicas"),
-        (2, "2,3", "masked-replicas"),
+        pytest.param(2, "2,3", "dense-replicas", marks=on_replicas),
+        pytest.param(3, "2,3,1", "embedding-replicas", marks=on_replicas),
+        pytest.param(2, "2,3", "masked-replicas", marks=on_replicas),
         # A `train_step` of one's own: on replicas, each step copies the
         # weights its optimizer updated to every tower.
         (2, "2,3", "own_step"),
-        (2, "2,3", "own_step-replicas"),
+        pytest.param(2, "2,3", "own_step-replicas", marks=on_replicas),
     ],
 )
 def test_natural_script_trains_the_one_device_model(tmp_path, workers, towers, family):
@@ -136,7 +139,7 @@ def test_natural_script_trains_the_one_device_model(tmp_path, workers, towers, f
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("replicas", [False, True])
+@pytest.mark.parametrize("replicas", [False, pytest.param(True, marks=on_replicas)])
 def test_accumulated_sparse_rows_across_workers_train_the_one_device_model(
     tmp_path, replicas
 ):

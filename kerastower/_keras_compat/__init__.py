@@ -91,6 +91,7 @@ steps_per_execution = _callbacks.steps_per_execution
 RECORDS_ASSIGNMENTS = _layers.RECORDS_ASSIGNMENTS
 SPECTRAL_NORMALIZATION = _layers.SPECTRAL_NORMALIZATION
 activity_penalties_summed = _layers.activity_penalties_summed
+draws_per_traced_op = _layers.draws_per_traced_op
 freeze_spectral_update = _layers.freeze_spectral_update
 restore_spectral_update = _layers.restore_spectral_update
 spectral_update = _layers.spectral_update
@@ -156,6 +157,7 @@ __all__ = [
     "compiled_losses_replaced",
     "compute_loss",
     "forward",
+    "draws_per_traced_op",
     "freeze_spectral_update",
     "functional_init_arguments",
     "functional_variant",

@@ -27,6 +27,11 @@ _MISSING = object()
 class KerasCompatibilityError(RuntimeError):
     """A private Keras hook that kerastower needs is missing or has changed."""
 
+    # Autograph (Keras 2's step functions) re-raises an error raised while
+    # tracing as its own type only if it is built like `Exception`; any
+    # other becomes a `StagingError`.
+    __init__ = Exception.__init__
+
 
 def _fail(hook: str, detail: str) -> KerasCompatibilityError:
     return KerasCompatibilityError(

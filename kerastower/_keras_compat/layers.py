@@ -13,6 +13,14 @@ from kerastower._keras_compat.family import keras
 SPECTRAL_NORMALIZATION = (keras.layers.SpectralNormalization,)
 
 
+def draws_per_traced_op(layers) -> bool:
+    """Whether one of `layers` draws random numbers from ops seeded at trace:
+    never on Keras 3, whose layers draw from a `keras.random.SeedGenerator`
+    state that each tower offsets."""
+    del layers
+    return False
+
+
 def _check_spectral_normalization(layer) -> None:
     method = getattr(type(layer), "normalized_weights", None)
     if not callable(method) or list(inspect.signature(method).parameters) != ["self"]:

@@ -126,19 +126,19 @@ def step_state(
             for tower in range(1, len(replicas.devices)):
                 with tf.device(replicas.devices[tower]):
                     replicas.replica_variables(tower)[j].assign(kernel)
-    if not _keras_compat.RECORDS_ASSIGNMENTS:  # Keras 2: nothing is held
-        yield StepState([])
-        return
-    weights = {id(v) for v in model.non_trainable_weights}
-    state = StepState(
-        [(v, tf.convert_to_tensor(v.value)) for v in model.non_trainable_weights],
-        [
-            (v, tf.convert_to_tensor(v.value))
-            for v in model.metrics_variables
-            if id(v) not in weights
-        ],
-        seeds=_seed_variables(model),
-    )
+    if _keras_compat.RECORDS_ASSIGNMENTS:
+        weights = {id(v) for v in model.non_trainable_weights}
+        state = StepState(
+            [(v, tf.convert_to_tensor(v.value)) for v in model.non_trainable_weights],
+            [
+                (v, tf.convert_to_tensor(v.value))
+                for v in model.metrics_variables
+                if id(v) not in weights
+            ],
+            seeds=_seed_variables(model),
+        )
+    else:  # Keras 2: nothing is held
+        state = StepState([])
     try:
         for layer in layers:
             _keras_compat.freeze_spectral_update(layer)

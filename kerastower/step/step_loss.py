@@ -176,7 +176,14 @@ class StepLoss:
         on Keras 2 its ``loss`` metric too (the last value, see `weigh`)."""
         batch_dim = _keras_compat.loss_metric_weight(first_leaf(batch))
         metrics = _keras_compat.per_output_loss_metrics(self.model)
-        values = workers.sum_over_workers(self.model, per_output)
+        if isinstance(batch_dim, tf.Tensor):
+            # Keras 2 weighs by the batch one device sees: every worker's.
+            batch_dim = tf.cast(batch_dim, keras.backend.floatx())
+            values, batch_dim = workers.sum_over_workers(
+                self.model, (per_output, batch_dim)
+            )
+        else:
+            values = workers.sum_over_workers(self.model, per_output)
         if _keras_compat.LOSS_TRACKED_BY_CONTAINER and values:
             *values, total = values
             tracker = _keras_compat.loss_tracker(self.model)

@@ -57,8 +57,9 @@ def applies(model, replicas) -> bool:
     Towers are traced once on one worker, without replicas, without XLA and
     without ``global_batch_loss`` (whose gathered batch changes shape with
     the batch, and a collective's instance key keeps the shape it first
-    summed); the other settings trace one copy per tower, as does
-    TensorFlow 2.12, whose functions cannot be kept from inlining.
+    summed) and without Keras 2's random layers (whose ops keep the seed
+    they were traced with); the other settings trace one copy per tower, as
+    does TensorFlow 2.12, whose functions cannot be kept from inlining.
     """
     return (
         _keras_compat.NOINLINE_FUNCTIONS
@@ -67,6 +68,7 @@ def applies(model, replicas) -> bool:
         and replicas is None
         and not model.jit_compile
         and not model.global_batch_loss
+        and not _keras_compat.draws_per_traced_op(_keras_compat.inner_layers(model))
     )
 
 

@@ -114,20 +114,33 @@ def spectral_graph(seed: int):
 
 
 def contrastive_graph(seed: int):
-    """An encoder trained with `keras.losses.Circle`, which compares every
-    pair of examples of the global batch (``global_batch_loss``)."""
+    """An encoder trained with `keras.losses.Circle` (`pair_agreement` on
+    Keras 2), which compares every pair of examples of the global batch
+    (``global_batch_loss``)."""
     keras.utils.set_random_seed(seed)
     inputs = keras.Input((FEATURES,))
     hidden = keras.layers.Dense(8, activation="tanh")(inputs)
     return inputs, keras.layers.Dense(4)(hidden)
 
 
+def pair_agreement(y_true, y_pred):
+    """Per example: the squared distance between its cosine similarity to
+    each example of the batch and whether they share a label. A loss of the
+    whole batch for Keras 2, which has no `keras.losses.Circle`."""
+    labels = tf.reshape(y_true, [-1])
+    same = tf.cast(tf.equal(labels[:, None], labels[None, :]), y_pred.dtype)
+    unit = tf.math.l2_normalize(y_pred, axis=1)
+    similarity = tf.matmul(unit, unit, transpose_b=True)
+    return tf.reduce_mean(tf.square(same - similarity), axis=1)
+
+
 def compile_arguments(family: str) -> dict:
     """What both the workers and the one-device model compile with."""
     if family == "contrastive":
+        circle = getattr(keras.losses, "Circle", None)
         return dict(
             optimizer=keras.optimizers.Adam(0.01),
-            loss=keras.losses.Circle(gamma=4.0),
+            loss=pair_agreement if circle is None else circle(gamma=4.0),
         )
     if family == "own_step":  # its step updates the loss tracker only
         return dict(optimizer=keras.optimizers.Adam(0.01), loss="mse")

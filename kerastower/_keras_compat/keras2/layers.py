@@ -5,8 +5,9 @@ that holds their assignments (`kerastower._keras_compat.layers`). Keras 2
 layers assign TensorFlow variables directly and have no such scope: here a
 tower reads and assigns the model's variables as they are, so only models
 whose forward pass assigns no weight train exactly on towers. Keras 2's
-`BatchNormalization` is refused on towers (`trainer.build_before_towers`);
-Keras 2 has no `SpectralNormalization`. An activity regularizer's penalty is
+`BatchNormalization` runs unfused with global moments (`trainer`);
+`SpectralNormalization` (Keras 2.13 and newer) updates once per step, as on
+Keras 3, through ``normalize_weights()``. An activity regularizer's penalty is
 already a batch mean in Keras 2 (``Layer._handle_activity_regularization``
 divides it by the batch size).
 """
@@ -14,12 +15,18 @@ divides it by the batch size).
 from __future__ import annotations
 
 import contextlib
+import inspect
 from collections.abc import Iterator
 
-from kerastower._keras_compat.errors import KerasCompatibilityError
+import tensorflow as tf
 
-# Keras 2 has no spectral normalisation layer of its own.
-SPECTRAL_NORMALIZATION: tuple = ()
+from kerastower._keras_compat.errors import _fail
+from kerastower._keras_compat.family import keras
+
+# Keras 2.13 and newer; Keras 2.12 has no spectral normalisation layer.
+SPECTRAL_NORMALIZATION: tuple = tuple(
+    filter(None, [getattr(keras.layers, "SpectralNormalization", None)])
+)
 
 
 # Keras 2 has no scope that holds a tower's assignments (Keras 3's
@@ -34,11 +41,56 @@ def activity_penalties_summed(layers, global_batch) -> Iterator[None]:
     yield
 
 
-def _no_spectral_normalization(*args):
-    del args
-    raise KerasCompatibilityError("Keras 2 has no `SpectralNormalization` layer.")
+def draws_per_traced_op(layers) -> bool:
+    """Whether one of `layers` draws random numbers from ops seeded at trace.
+
+    Keras 2's random layers (``BaseRandomLayer``: `Dropout`, the noise and
+    augmentation layers) draw through stateful TensorFlow ops whose seed is
+    fixed when they are traced: towers that call one traced function would
+    all draw tower 0's numbers (the same dropout mask on every tower), so
+    such a model traces one copy per tower.
+    """
+    return any(hasattr(layer, "_random_generator") for layer in layers)
 
 
-spectral_update = _no_spectral_normalization
-freeze_spectral_update = _no_spectral_normalization
-restore_spectral_update = _no_spectral_normalization
+def _check_spectral_normalization(layer) -> None:
+    method = getattr(type(layer), "normalize_weights", None)
+    if not callable(method) or list(inspect.signature(method).parameters) != ["self"]:
+        raise _fail(
+            "SpectralNormalization.normalize_weights()", "is missing or changed"
+        )
+    for name in ("kernel", "vector_u"):
+        if not isinstance(getattr(layer, name, None), tf.Variable):
+            raise _fail(f"SpectralNormalization.{name}", "is missing")
+
+
+def spectral_update(layer) -> tuple:
+    """The ``(vector_u, kernel)`` that one training call of `layer` assigns.
+
+    Keras 2's `SpectralNormalization` runs, at every call with
+    ``training=True``, a power iteration (``normalize_weights()``, which
+    returns ``(kernel / sigma, vector_u)``) and assigns both before calling
+    the wrapped layer; a kernel of zeros is kept as it is.
+    """
+    _check_spectral_normalization(layer)
+    kernel, vector_u = tf.cond(
+        tf.reduce_all(tf.equal(layer.kernel, 0)),
+        lambda: (tf.identity(layer.kernel), tf.identity(layer.vector_u)),
+        lambda: type(layer).normalize_weights(layer),
+    )
+    return vector_u, kernel
+
+
+def freeze_spectral_update(layer) -> None:
+    """Makes `layer`'s training calls assign its current values; undo with
+    `restore_spectral_update`."""
+    _check_spectral_normalization(layer)
+    layer.normalize_weights = lambda: (
+        tf.identity(layer.kernel),
+        tf.identity(layer.vector_u),
+    )
+
+
+def restore_spectral_update(layer) -> None:
+    """Undoes `freeze_spectral_update`."""
+    vars(layer).pop("normalize_weights", None)

@@ -107,6 +107,7 @@ clone_optimizer = _optimizers.clone_optimizer
 Functional = _trainer.Functional
 TrainerHooks = _trainer.TrainerHooks
 build_before_towers = _trainer.build_before_towers
+build_metrics = _trainer.build_metrics
 compiled_losses_replaced = _trainer.compiled_losses_replaced
 compute_loss = _trainer.compute_loss
 forward = _trainer.forward
@@ -146,6 +147,7 @@ __all__ = [
     "_fail",
     "activity_penalties_summed",
     "build_before_towers",
+    "build_metrics",
     "build_optimizer",
     "call_time_value",
     "calls_without_graph_optimizer",

@@ -98,6 +98,11 @@ def build_before_towers(model, x) -> None:
     del model, x
 
 
+def build_metrics(model, data) -> None:
+    """Nothing: Keras 3 builds its metrics before `fit`'s first step."""
+    del model, data
+
+
 def compute_loss(model, x, y, y_pred, sample_weight, training: bool):
     """`model.compute_loss`, also for overrides without a `training` argument."""
     return _attribute(model, "_compute_loss", "Trainer")(

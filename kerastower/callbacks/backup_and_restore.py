@@ -278,22 +278,23 @@ class BackupAndRestore(keras.callbacks.Callback):
         state, self._pending = self._pending, None
         if state is None or state["epoch"] != epoch:
             return
-        values = state["values"]
+        self._saved_step = state["step"]
+        built = _keras_compat.METRICS_BUILT_BEFORE_FIT
+        if self._metric_variables() or not state["metrics"] or built:
+            self._restore(state)
+            self._skip(state["step"])
+        elif state["step"] == 0:  # nothing counted yet: nothing to restore
+            values = state["values"][state["metrics"] :]
+            self._restore(dict(state, metrics=0, values=values))
+        else:
+            # Keras 2 makes its compiled metrics in the first step: they
+            # are made from the first batch skipped, then restored.
+            self._skip(state["step"], restore=state)
+
+    def _restore(self, state: dict) -> None:
+        """Assigns the backup's metric and accumulation state."""
         metrics = self._metric_variables()
         window = self._window_variables()
-        built = _keras_compat.METRICS_BUILT_BEFORE_FIT
-        if not metrics and state["metrics"] and not built:
-            if state["step"] == 0:  # nothing counted yet: nothing to restore
-                values = values[state["metrics"] :]
-                state = dict(state, metrics=0)
-            else:
-                raise ValueError(
-                    "BackupAndRestore cannot resume inside an epoch on Keras 2 "
-                    "yet: Keras 2 makes the metrics whose state the backup "
-                    "holds only in the first step. Back up at the end of each "
-                    "epoch (`save_freq='epoch'`), or use Keras 3. Received: "
-                    f"a backup at step {state['step']} of epoch {epoch + 1}"
-                )
         if (len(metrics), len(window)) != (state["metrics"], state["window"]):
             raise ValueError(
                 "The backup does not fit this training: it holds "
@@ -301,13 +302,12 @@ class BackupAndRestore(keras.callbacks.Callback):
                 f"variables, the model has {len(metrics)} and {len(window)}. "
                 f"Received: backup_dir={self.backup_dir}"
             )
-        for variable, value in zip(metrics + window, values):
+        for variable, value in zip(metrics + window, state["values"]):
             variable.assign(value)
-        self._saved_step = state["step"]
-        self._skip(state["step"])
 
-    def _skip(self, steps: int) -> None:
-        """Draws and drops the batches of the `steps` steps already run."""
+    def _skip(self, steps: int, restore: dict | None = None) -> None:
+        """Draws and drops the batches of the `steps` steps already run;
+        builds the metrics from the first and `_restore`s `restore` then."""
         if steps <= 0:
             return
         model = self.model
@@ -315,13 +315,17 @@ class BackupAndRestore(keras.callbacks.Callback):
         remaining = steps
 
         def skipped(iterator):
-            nonlocal remaining
+            nonlocal remaining, restore
             if remaining <= 0:
                 model.train_function = train
                 return train(iterator)
             for _ in range(min(_keras_compat.steps_per_execution(model), remaining)):
-                iterator.get_next()
+                batch = iterator.get_next()
                 remaining -= 1
+                if restore is not None:
+                    _keras_compat.build_metrics(model, batch)
+                    self._restore(restore)
+                    restore = None
             return model.get_metrics_result()
 
         model.train_function = skipped

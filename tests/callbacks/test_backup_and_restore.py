@@ -19,7 +19,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from keras_family import keras3_only_until_ported
 from oracle import assert_close
 
 SCRIPT = Path(__file__).resolve().parents[1] / "workers" / "resumable.py"
@@ -87,10 +86,6 @@ def assert_same_run(reference, resumed, workers=1):
     assert_close(last["mae"], tail["mae"])
 
 
-# Keras 2 makes its metrics in the first step: no mid-epoch resume there yet.
-MID_EPOCH = keras3_only_until_ported("a resume inside an epoch")
-
-
 @pytest.fixture(scope="module")
 def references(tmp_path_factory):
     """Uninterrupted runs, computed once: plain, accumulating, two workers."""
@@ -109,7 +104,6 @@ def references(tmp_path_factory):
 
 
 @pytest.mark.slow
-@MID_EPOCH
 def test_sigterm_mid_epoch_saves_that_step_and_resumes_exactly(references, tmp_path):
     first = run(tmp_path, "--sigterm-at", "5")
     assert first.returncode == 128 + signal.SIGTERM, first.stderr[-2000:]
@@ -121,7 +115,6 @@ def test_sigterm_mid_epoch_saves_that_step_and_resumes_exactly(references, tmp_p
 
 
 @pytest.mark.slow
-@MID_EPOCH
 def test_sigterm_in_an_accumulation_window_resumes_into_that_window(
     references, tmp_path
 ):
@@ -139,7 +132,6 @@ def test_sigterm_in_an_accumulation_window_resumes_into_that_window(
 
 
 @pytest.mark.slow
-@MID_EPOCH
 @pytest.mark.parametrize(
     "check_freq, stopped_at, state",
     # SIGTERM reaches worker 1 in global step 6 (epoch 1, step 2). Checking
@@ -208,7 +200,6 @@ def _kill_at_random_moment(out, extra, workers, rng, trial):
 
 
 @pytest.mark.slow
-@MID_EPOCH
 def test_ten_kills_at_random_moments_leave_whole_backups_and_exact_resumes(
     references, tmp_path
 ):
@@ -242,7 +233,6 @@ def test_ten_kills_at_random_moments_leave_whole_backups_and_exact_resumes(
 
 
 @pytest.mark.slow
-@MID_EPOCH
 def test_launch_restarts_the_workers_after_a_kill_and_they_resume_exactly(
     references, tmp_path
 ):

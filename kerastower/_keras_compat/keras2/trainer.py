@@ -157,13 +157,32 @@ def build_before_towers(model, x) -> None:
     )
     if model.built and not unbuilt_losses:
         return
+    outputs = _traced_outputs(model, x)
+    if unbuilt_losses:
+        container.build(outputs)
+
+
+def _traced_outputs(model, x):
+    """`model`'s outputs on `x`, traced in a function that never runs."""
     trace = tf.function(lambda x: forward(model, x, training=True), autograph=False)
     # The towers trace the model again and show its warnings then.
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        outputs = trace.get_concrete_function(x).structured_outputs
-    if unbuilt_losses:
-        container.build(outputs)
+        return trace.get_concrete_function(x).structured_outputs
+
+
+def build_metrics(model, data) -> None:
+    """Makes `model`'s weights, compiled losses and compiled metrics from a
+    batch `data`, as Keras 2's first training step on it would: to restore
+    their state before that step (`kerastower.callbacks.BackupAndRestore`).
+    """
+    x, y, _ = keras.utils.unpack_x_y_sample_weight(data)
+    build_before_towers(model, x)
+    container = getattr(model, "compiled_metrics", None)
+    if y is None or container is None:
+        return
+    if not _attribute(container, "_built", "MetricsContainer"):
+        container.build(_traced_outputs(model, x), y)
 
 
 class _ContainerTotal:

@@ -23,7 +23,7 @@ from kerastower.step.tower_step import TowerStep
 from kerastower.strategy import TowerStrategy
 
 
-@keras.saving.register_keras_serializable(package="kerastower")
+@_keras_compat.register_serializable("kerastower")
 class TowerModel(EntryPoints, _keras_compat.TrainerHooks, keras.Model):
     """A `keras.Model` that trains, evaluates and predicts over several towers.
 
@@ -409,7 +409,7 @@ class TowerModel(EntryPoints, _keras_compat.TrainerHooks, keras.Model):
         return cls(inputs, outputs, towers=towers, **kwargs)
 
 
-@keras.saving.register_keras_serializable(package="kerastower")
+@_keras_compat.register_serializable("kerastower")
 class FunctionalTowerModel(TowerModel, Functional):
     """The class of ``TowerModel(inputs, outputs)``: a functional `TowerModel`."""
 

@@ -103,7 +103,15 @@ def one_device(workers, family, initial):
         (2, "2,3", "masked"),
         (3, "2,3,1", "masked"),
         # A weight update in the forward pass, once per step on every worker.
-        (2, "2,3", "spectral"),
+        pytest.param(
+            2,
+            "2,3",
+            "spectral",
+            marks=pytest.mark.skipif(
+                not hasattr(keras.layers, "SpectralNormalization"),
+                reason=f"Keras {keras.__version__} has no SpectralNormalization",
+            ),
+        ),
         # A loss of the whole global batch (`global_batch_loss`): every
         # worker's rows gathered, also from a worker whose last batch (1 or
         # 2 examples) runs on one tower.

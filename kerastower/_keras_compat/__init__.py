@@ -83,6 +83,7 @@ else:
 CheckpointHooks = _callbacks.CheckpointHooks
 check_execution_steps = _callbacks.check_execution_steps
 is_remote_path = _callbacks.is_remote_path
+keras_files_hold_optimizer = _callbacks.keras_files_hold_optimizer
 learning_rate_slot = _callbacks.learning_rate_slot
 print_msg = _callbacks.print_msg
 set_initial_epoch = _callbacks.set_initial_epoch
@@ -123,6 +124,7 @@ loss_tracker = _trainer.loss_tracker
 override_batch_norm_moments = _trainer.override_batch_norm_moments
 per_output_loss_metrics = _trainer.per_output_loss_metrics
 register_alias = _trainer.register_alias
+register_serializable = _trainer.register_serializable
 restore_batch_norm = _trainer.restore_batch_norm
 
 functional_variant = functools.partial(
@@ -168,6 +170,7 @@ __all__ = [
     "init_functional",
     "inner_layers",
     "is_remote_path",
+    "keras_files_hold_optimizer",
     "learning_rate_slot",
     "loss_divisor",
     "loss_metric_weight",
@@ -178,6 +181,7 @@ __all__ = [
     "prepare_collective_ops",
     "print_msg",
     "register_alias",
+    "register_serializable",
     "restore_batch_norm",
     "restore_spectral_update",
     "run_independently",

@@ -32,6 +32,12 @@ def is_remote_path(path) -> bool:
     return bool(_file_utils.is_remote_path(path))
 
 
+def keras_files_hold_optimizer() -> bool:
+    """Whether ``model.save("m.keras")`` writes a file whose `load_weights`
+    restores the optimizer state too: always on Keras 3."""
+    return True
+
+
 def print_msg(message: str) -> None:
     """Prints as Keras's callbacks do (to its logger when it has one)."""
     _io_utils.print_msg(message)

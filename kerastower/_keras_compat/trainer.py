@@ -13,6 +13,11 @@ from kerastower._keras_compat.family import keras
 from kerastower._keras_compat.step_functions import StepFunctionHooks, warn_once
 
 
+def register_serializable(package: str):
+    """`keras.saving.register_keras_serializable` with `package`."""
+    return keras.saving.register_keras_serializable(package=package)
+
+
 def register_alias(alias: type, cls: type) -> None:
     """Saves instances of `alias` under the name `cls` is registered with.
 

@@ -177,6 +177,16 @@ class ChiefCheckpoint(_keras_compat.CheckpointHooks, keras.callbacks.ModelCheckp
                 "`filepath`, to know the epoch to resume from. Received: "
                 f"filepath={self.filepath}"
             )
+        if self.filepath.endswith(".keras") and not (
+            _keras_compat.keras_files_hold_optimizer()
+        ):
+            raise ValueError(
+                "`resume=True` with a `.keras` filepath needs Keras's zip "
+                "format; this Keras (2.12) writes `.keras` files as HDF5, whose "
+                "weights load without the optimizer state. Use a `.weights.h5` "
+                "filepath with `save_weights_only=True`. Received: "
+                f"filepath={self.filepath}"
+            )
 
     @property
     def _remote(self) -> bool:

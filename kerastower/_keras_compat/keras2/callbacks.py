@@ -20,6 +20,7 @@ from kerastower._keras_compat.errors import _attribute, _fail
 from kerastower._keras_compat.keras2.internals import internal
 
 _io_utils = internal("utils.io_utils", "print_msg")
+_saving_lib = internal("saving.saving_lib", "saving_v3_enabled")
 
 # Keras's own test for a path it must not treat as local (its `file_utils`).
 _REMOTE = re.compile(r"^(/cns|/cfs|/gcs|/hdfs|/readahead|.*://).*$")
@@ -28,6 +29,13 @@ _REMOTE = re.compile(r"^(/cns|/cfs|/gcs|/hdfs|/readahead|.*://).*$")
 def is_remote_path(path) -> bool:
     """Whether Keras treats `path` as remote (``gs://``, ``hdfs://``, ...)."""
     return bool(_REMOTE.match(str(path)))
+
+
+def keras_files_hold_optimizer() -> bool:
+    """Whether ``model.save("m.keras")`` writes Keras's zip format, whose
+    `load_weights` restores the optimizer state too. Keras 2.12 writes HDF5
+    there unless its v3 saving is enabled (``saving_lib.saving_v3_enabled``)."""
+    return bool(_saving_lib.saving_v3_enabled())
 
 
 def print_msg(message: str) -> None:

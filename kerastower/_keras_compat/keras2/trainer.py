@@ -28,7 +28,9 @@ _functional = internal(
     "connect_ancillary_layers",
 )
 _training = internal("engine.training", "is_functional_model_init_params")
-_registration = internal("saving.object_registration", "_GLOBAL_CUSTOM_NAMES")
+_registration = internal(
+    "saving.object_registration", "_GLOBAL_CUSTOM_NAMES", "_GLOBAL_CUSTOM_OBJECTS"
+)
 _serialization = internal("saving.legacy.serialization", "SharedObjectLoadingScope")
 
 functional_init_arguments = _training.is_functional_model_init_params
@@ -66,13 +68,38 @@ class Functional(_functional.Functional):
         return model
 
 
-def register_alias(alias: type, cls: type) -> None:
-    """Saves instances of `alias` under the name `cls` is registered with."""
-    names = _registration._GLOBAL_CUSTOM_NAMES
-    if not isinstance(names, dict):  # pragma: no cover - depends on Keras
+def _custom_objects() -> dict:
+    objects = _registration._GLOBAL_CUSTOM_OBJECTS
+    if not isinstance(objects, dict) or not isinstance(
+        _registration._GLOBAL_CUSTOM_NAMES, dict
+    ):
         raise _fail("saving.object_registration._GLOBAL_CUSTOM_NAMES", "changed")
+    return objects
+
+
+def register_serializable(package: str):
+    """`keras.saving.register_keras_serializable` with `package`, and the
+    class's bare name too: Keras 2.12's HDF5 and SavedModel files name a
+    model by its class's ``__name__`` (``.keras`` is HDF5 there)."""
+    register = keras.saving.register_keras_serializable(package=package)
+
+    def decorator(cls: type) -> type:
+        cls = register(cls)
+        _custom_objects().setdefault(cls.__name__, cls)
+        return cls
+
+    return decorator
+
+
+def register_alias(alias: type, cls: type) -> None:
+    """Saves instances of `alias` under the name `cls` is registered with,
+    and loads them under `alias`'s own name too: Keras 2.12's ``.h5`` and
+    SavedModel files name a model by its class's ``__name__``."""
+    objects = _custom_objects()
+    names = _registration._GLOBAL_CUSTOM_NAMES
     if cls in names:
         names[alias] = names[cls]
+        objects.setdefault(alias.__name__, alias)
 
 
 def init_functional(model, args, kwargs) -> None:

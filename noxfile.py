@@ -104,7 +104,6 @@ KERAS2_SUITES = [
     "tests/callbacks",
     "tests/step/test_layer_updates.py",
     "tests/test_multi_worker_scripts.py",
-    "tests/test_multi_worker.py",
 ]
 KERAS2_CI_SUITES = [
     "tests/test_equivalence.py",

@@ -18,6 +18,13 @@ keras3_only = pytest.mark.skipif(KERAS_2, reason="Keras 3 only")
 keras2_only = pytest.mark.skipif(not KERAS_2, reason="Keras 2 only")
 
 
+# Keras 2.12 has no `SpectralNormalization` layer (Keras 2.13 added it).
+spectral_normalization = pytest.mark.skipif(
+    not hasattr(keras.layers, "SpectralNormalization"),
+    reason=f"Keras {KERAS_VERSION} has no SpectralNormalization",
+)
+
+
 def keras3_only_until_ported(reason: str):
     """Skips on Keras 2 a capability that kerastower does not have there yet."""
     return pytest.mark.skipif(KERAS_2, reason=f"not on Keras 2 yet: {reason}")
@@ -31,4 +38,5 @@ __all__ = [
     "keras2_only",
     "keras3_only",
     "keras3_only_until_ported",
+    "spectral_normalization",
 ]

@@ -108,6 +108,7 @@ def test_accumulation_across_workers_matches_one_device(tmp_path):
         assert_close(a, b)
 
 
+@keras3_only  # the example imports Keras 3
 @pytest.mark.slow
 def test_a_dying_worker_stops_the_other_with_an_error_in_bounded_time(tmp_path):
     result, elapsed = launch(

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from keras_family import keras, keras3_only_until_ported
+from keras_family import keras, keras3_only_until_ported, spectral_normalization
 from oracle import assert_close
 
 SCRIPT = Path(__file__).resolve().parent / "workers" / "natural.py"
@@ -107,10 +107,7 @@ def one_device(workers, family, initial):
             2,
             "2,3",
             "spectral",
-            marks=pytest.mark.skipif(
-                not hasattr(keras.layers, "SpectralNormalization"),
-                reason=f"Keras {keras.__version__} has no SpectralNormalization",
-            ),
+            marks=spectral_normalization,
         ),
         # A loss of the whole global batch (`global_batch_loss`): every
         # worker's rows gathered, also from a worker whose last batch (1 or

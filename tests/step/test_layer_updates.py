@@ -11,7 +11,13 @@ import warnings
 import numpy as np
 import pytest
 import tensorflow as tf
-from keras_family import KERAS_2, keras, keras3_only, keras3_only_until_ported
+from keras_family import (
+    KERAS_2,
+    keras,
+    keras3_only,
+    keras3_only_until_ported,
+    spectral_normalization,
+)
 from oracle import assert_same_history, assert_same_weights, twin
 
 import kerastower
@@ -21,11 +27,6 @@ from kerastower.callbacks import GradientAccumulation
 # Keras 2 has no scope that holds a tower's assignments.
 assigning_layers = keras3_only_until_ported("a forward pass that assigns a weight")
 running_sums = keras3_only_until_ported("a sum metric updated in the forward pass")
-
-spectral = pytest.mark.skipif(
-    not hasattr(keras.layers, "SpectralNormalization"),
-    reason=f"Keras {keras.__version__} has no SpectralNormalization",
-)
 
 RNG = np.random.default_rng(11)
 X = RNG.normal(size=(22, 6, 6, 2)).astype("float32")
@@ -51,7 +52,7 @@ def fit(model, batch_size=10, **kwargs):
     ).history
 
 
-@spectral
+@spectral_normalization
 @pytest.mark.parametrize("towers", [2, 3])
 @pytest.mark.parametrize("run_eagerly", [False, True], ids=["graph", "eager"])
 def test_spectral_normalization_updates_once_per_step(towers, run_eagerly):
@@ -83,7 +84,7 @@ def test_spectral_normalization_with_replicas():
             np.testing.assert_array_equal(copy.numpy(), primary.numpy())
 
 
-@spectral
+@spectral_normalization
 def test_spectral_normalization_with_accumulation():
     # One device accumulating runs the update once per micro-batch too.
     one = kerastower.TowerModel.from_model(spectral_model(), towers=1)
@@ -97,7 +98,7 @@ def test_spectral_normalization_with_accumulation():
     assert_same_weights(one, three)
 
 
-@spectral
+@spectral_normalization
 def test_spectral_normalization_in_a_custom_step():
     class Regressor(kerastower.TowerModel):
         def train_step(self, data):
@@ -131,7 +132,7 @@ def test_spectral_normalization_in_a_custom_step():
     assert_same_weights(plain, towered)
 
 
-@spectral
+@spectral_normalization
 def test_a_changed_spectral_normalization_hook_is_an_error(monkeypatch):
     # Keras 3 updates through `normalized_weights()`, Keras 2 through
     # `normalize_weights()`; the layer still runs with the new signature.

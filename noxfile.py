@@ -80,7 +80,14 @@ _CORE = re.search(
     r"^CORE = (\(.*?\))$", (ROOT / "tests" / "conftest.py").read_text(), re.M | re.S
 )
 CI_SUITES = ["-m", "core", *ast.literal_eval(_CORE.group(1))]
-TEST_REQUIREMENTS = ["pytest>=8", "hypothesis>=6.100", "scikit-learn>=1.3"]
+# TensorBoard reads `TowerMonitor`'s event files in its tests; TensorFlow
+# 2.21 no longer brings it.
+TEST_REQUIREMENTS = [
+    "pytest>=8",
+    "hypothesis>=6.100",
+    "scikit-learn>=1.3",
+    "tensorboard",
+]
 
 # Keras 2, TensorFlow -> the Keras 2 of its own release (the fence in
 # kerastower/_keras_compat/errors.py refuses any other): to 2.15 the `keras`

@@ -6,7 +6,8 @@ layers assign TensorFlow variables directly and have no such scope: here a
 tower reads and assigns the model's variables as they are, so only models
 whose forward pass assigns no weight train exactly on towers. Keras 2's
 `BatchNormalization` runs unfused with global moments (`trainer`);
-`SpectralNormalization` (Keras 2.13 and newer) updates once per step, as on
+`SpectralNormalization` (`tf_keras` 2.16 and newer; that of Keras 2.13 to
+2.15 cannot be traced, on one device either) updates once per step, as on
 Keras 3, through ``normalize_weights()``. An activity regularizer's penalty is
 already a batch mean in Keras 2 (``Layer._handle_activity_regularization``
 divides it by the batch size).
@@ -24,6 +25,8 @@ from kerastower._keras_compat.errors import _fail
 from kerastower._keras_compat.family import keras
 
 # Keras 2.13 and newer; Keras 2.12 has no spectral normalisation layer.
+# Keras 2.13 to 2.15 assign inside `normalize_weights()`, in a Python `if`
+# on a tensor that no trace takes: a `fit` fails on it before the towers.
 SPECTRAL_NORMALIZATION: tuple = tuple(
     filter(None, [getattr(keras.layers, "SpectralNormalization", None)])
 )
@@ -67,10 +70,10 @@ def _check_spectral_normalization(layer) -> None:
 def spectral_update(layer) -> tuple:
     """The ``(vector_u, kernel)`` that one training call of `layer` assigns.
 
-    Keras 2's `SpectralNormalization` runs, at every call with
-    ``training=True``, a power iteration (``normalize_weights()``, which
-    returns ``(kernel / sigma, vector_u)``) and assigns both before calling
-    the wrapped layer; a kernel of zeros is kept as it is.
+    `tf_keras`'s `SpectralNormalization` (2.16 and newer) runs, at every
+    call with ``training=True``, a power iteration (``normalize_weights()``,
+    which returns ``(kernel / sigma, vector_u)``) and assigns both before
+    calling the wrapped layer; a kernel of zeros is kept as it is.
     """
     _check_spectral_normalization(layer)
     kernel, vector_u = tf.cond(

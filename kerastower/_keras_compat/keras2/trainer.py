@@ -68,13 +68,12 @@ class Functional(_functional.Functional):
         return model
 
 
-def _custom_objects() -> dict:
+def _registries() -> tuple[dict, dict]:
+    names = _registration._GLOBAL_CUSTOM_NAMES
     objects = _registration._GLOBAL_CUSTOM_OBJECTS
-    if not isinstance(objects, dict) or not isinstance(
-        _registration._GLOBAL_CUSTOM_NAMES, dict
-    ):
+    if not isinstance(names, dict) or not isinstance(objects, dict):
         raise _fail("saving.object_registration._GLOBAL_CUSTOM_NAMES", "changed")
-    return objects
+    return names, objects
 
 
 def register_serializable(package: str):
@@ -85,7 +84,7 @@ def register_serializable(package: str):
 
     def decorator(cls: type) -> type:
         cls = register(cls)
-        _custom_objects().setdefault(cls.__name__, cls)
+        _registries()[1].setdefault(cls.__name__, cls)
         return cls
 
     return decorator
@@ -93,10 +92,8 @@ def register_serializable(package: str):
 
 def register_alias(alias: type, cls: type) -> None:
     """Saves instances of `alias` under the name `cls` is registered with,
-    and loads them under `alias`'s own name too: Keras 2.12's ``.h5`` and
-    SavedModel files name a model by its class's ``__name__``."""
-    objects = _custom_objects()
-    names = _registration._GLOBAL_CUSTOM_NAMES
+    and loads them under `alias`'s bare name too (`register_serializable`)."""
+    names, objects = _registries()
     if cls in names:
         names[alias] = names[cls]
         objects.setdefault(alias.__name__, alias)

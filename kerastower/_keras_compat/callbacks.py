@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import inspect
 import warnings
 
 import numpy as np
 import tensorflow as tf
 
 from kerastower._keras_compat.checkpoints import CheckpointRouting
-from kerastower._keras_compat.errors import KERAS_MINOR, _attribute, _fail
+from kerastower._keras_compat.errors import KERAS_MINOR, _attribute, _fail, check_method
 from kerastower._keras_compat.family import KERAS_VERSION, keras
 
 
@@ -116,13 +115,9 @@ def _check_checkpoint_hooks() -> None:
     if _HAS_SHOULD_SAVE:
         expected["_should_save_model"] = ["self", "epoch", "batch", "logs", "filepath"]
     for name, parameters in expected.items():
-        method = getattr(keras.callbacks.ModelCheckpoint, name, None)
-        if not callable(method) or list(inspect.signature(method).parameters) != (
-            parameters
-        ):
-            raise _fail(
-                f"ModelCheckpoint.{name}({', '.join(parameters[1:])})", "changed"
-            )
+        check_method(
+            keras.callbacks.ModelCheckpoint, name, parameters, "ModelCheckpoint"
+        )
 
 
 _check_checkpoint_hooks()

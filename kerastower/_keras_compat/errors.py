@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import re
 import warnings
 
@@ -50,6 +51,30 @@ def _fail_tensorflow(hook: str, detail: str) -> KerasCompatibilityError:
         f"installed TensorFlow {tf.__version__}; kerastower supports TensorFlow "
         f"{SUPPORTED_TENSORFLOW}. Install a supported TensorFlow, or report this."
     )
+
+
+def check_method(
+    owner,
+    name: str,
+    parameters: list[str],
+    shown: str,
+    detail: str = "is missing or changed",
+) -> None:
+    """Fails unless ``owner.name`` is a method whose parameters are `parameters`.
+
+    Args:
+        owner: The class (or object) that holds the hook.
+        name: The hook's name.
+        parameters: Its parameter names in order, ``"self"`` first.
+        shown: How the error names `owner` (``"ModelCheckpoint"``).
+        detail: What the error says of the hook.
+
+    Raises:
+        KerasCompatibilityError: If the hook is missing or takes other parameters.
+    """
+    method = getattr(owner, name, None)
+    if not callable(method) or list(inspect.signature(method).parameters) != parameters:
+        raise _fail(f"{shown}.{name}({', '.join(parameters[1:])})", detail)
 
 
 def _attribute(obj, name: str, owner: str, fail=_fail):

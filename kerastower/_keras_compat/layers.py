@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import contextlib
-import inspect
 from collections.abc import Iterator
 
-from kerastower._keras_compat.errors import KERAS_MINOR, _fail
+from kerastower._keras_compat.errors import KERAS_MINOR, _fail, check_method
 from kerastower._keras_compat.family import keras
 
 # The layers whose training call assigns a normalised kernel.
@@ -22,11 +21,7 @@ def draws_per_traced_op(layers) -> bool:
 
 
 def _check_spectral_normalization(layer) -> None:
-    method = getattr(type(layer), "normalized_weights", None)
-    if not callable(method) or list(inspect.signature(method).parameters) != ["self"]:
-        raise _fail(
-            "SpectralNormalization.normalized_weights()", "is missing or changed"
-        )
+    check_method(type(layer), "normalized_weights", ["self"], "SpectralNormalization")
     for name in ("kernel", "vector_u"):
         if not isinstance(getattr(layer, name, None), keras.Variable):
             raise _fail(f"SpectralNormalization.{name}", "is missing")
@@ -65,12 +60,9 @@ def restore_spectral_update(layer) -> None:
 
 
 def _check_stateless_scope() -> None:
-    method = getattr(keras.StatelessScope, "add_update", None)
-    if not callable(method) or list(inspect.signature(method).parameters) != [
-        "self",
-        "update",
-    ]:
-        raise _fail("keras.StatelessScope.add_update(update)", "is missing or changed")
+    check_method(
+        keras.StatelessScope, "add_update", ["self", "update"], "keras.StatelessScope"
+    )
 
 
 # Towers after the first run in a `RecordingScope`.

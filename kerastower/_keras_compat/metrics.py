@@ -31,13 +31,12 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import inspect
 import threading
 from collections.abc import Callable, Iterator
 
 import tensorflow as tf
 
-from kerastower._keras_compat.errors import _fail
+from kerastower._keras_compat.errors import check_method
 from kerastower._keras_compat.family import KERAS_FAMILY, keras
 
 _local = threading.local()
@@ -47,16 +46,12 @@ _undo: list = []  # what puts the patched `update_state`s back
 
 
 def _check_mean() -> None:
-    method = getattr(keras.metrics.Mean, "update_state", None)
-    if not callable(method) or list(inspect.signature(method).parameters) != [
-        "self",
-        "values",
-        "sample_weight",
-    ]:
-        raise _fail(
-            "keras.metrics.Mean.update_state(values, sample_weight)",
-            "is missing or changed",
-        )
+    check_method(
+        keras.metrics.Mean,
+        "update_state",
+        ["self", "values", "sample_weight"],
+        "keras.metrics.Mean",
+    )
 
 
 def _deferred(update, dtype, values, sample_weight=None):

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import contextlib
-import inspect
 import warnings
 
 import tensorflow as tf
 
-from kerastower._keras_compat.errors import _attribute, _fail
+from kerastower._keras_compat.errors import _attribute, _fail, check_method
 from kerastower._keras_compat.family import keras
 from kerastower._keras_compat.step_functions import StepFunctionHooks, warn_once
 
@@ -49,15 +48,9 @@ def override_batch_norm_moments(layer, moments) -> None:
     """
     if moments is None:
         return
-    method = getattr(type(layer), "_moments", None)
-    if not callable(method) or list(inspect.signature(method).parameters) != [
-        "self",
-        "inputs",
-        "mask",
-    ]:
-        raise _fail(
-            "BatchNormalization._moments(inputs, mask)", "is missing or changed"
-        )
+    check_method(
+        type(layer), "_moments", ["self", "inputs", "mask"], "BatchNormalization"
+    )
     if not hasattr(layer, "_reduction_axes"):
         raise _fail("BatchNormalization._reduction_axes", "is missing")
     layer._moments = lambda inputs, mask: moments(inputs, layer._reduction_axes, mask)

@@ -9,14 +9,13 @@ is that decision), and starts `fit` at the epoch that
 
 from __future__ import annotations
 
-import inspect
 import re
 import warnings
 
 import tensorflow as tf
 
 from kerastower._keras_compat.checkpoints import CheckpointRouting
-from kerastower._keras_compat.errors import _attribute, _fail
+from kerastower._keras_compat.errors import _attribute, check_method
 from kerastower._keras_compat.keras2.internals import internal
 
 _io_utils = internal("utils.io_utils", "print_msg")
@@ -48,13 +47,9 @@ def set_initial_epoch(model, epoch: int | None) -> None:
     clears it): Keras 2 asks ``_maybe_load_initial_counters_from_ckpt`` for
     the epoch and step to start at once the callbacks have begun."""
     hook = "_maybe_load_initial_counters_from_ckpt"
-    method = getattr(type(model), hook, None)
-    if not callable(method) or list(inspect.signature(method).parameters) != [
-        "self",
-        "steps_per_epoch",
-        "initial_epoch",
-    ]:
-        raise _fail(f"Model.{hook}(steps_per_epoch, initial_epoch)", "changed")
+    check_method(
+        type(model), hook, ["self", "steps_per_epoch", "initial_epoch"], "Model"
+    )
     if epoch is None:
         vars(model).pop(hook, None)
         return

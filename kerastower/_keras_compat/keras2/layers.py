@@ -16,12 +16,11 @@ divides it by the batch size).
 from __future__ import annotations
 
 import contextlib
-import inspect
 from collections.abc import Iterator
 
 import tensorflow as tf
 
-from kerastower._keras_compat.errors import _fail
+from kerastower._keras_compat.errors import _fail, check_method
 from kerastower._keras_compat.family import keras
 
 # Keras 2.13 and newer; Keras 2.12 has no spectral normalisation layer.
@@ -57,11 +56,7 @@ def draws_per_traced_op(layers) -> bool:
 
 
 def _check_spectral_normalization(layer) -> None:
-    method = getattr(type(layer), "normalize_weights", None)
-    if not callable(method) or list(inspect.signature(method).parameters) != ["self"]:
-        raise _fail(
-            "SpectralNormalization.normalize_weights()", "is missing or changed"
-        )
+    check_method(type(layer), "normalize_weights", ["self"], "SpectralNormalization")
     for name in ("kernel", "vector_u"):
         if not isinstance(getattr(layer, name, None), tf.Variable):
             raise _fail(f"SpectralNormalization.{name}", "is missing")

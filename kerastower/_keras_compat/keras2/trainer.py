@@ -10,12 +10,11 @@ first time it is called (`build_before_towers` does that before the towers).
 from __future__ import annotations
 
 import contextlib
-import inspect
 import warnings
 
 import tensorflow as tf
 
-from kerastower._keras_compat.errors import _attribute, _fail
+from kerastower._keras_compat.errors import _attribute, _fail, check_method
 from kerastower._keras_compat.family import keras
 from kerastower._keras_compat.keras2.internals import internal
 from kerastower._keras_compat.step_functions import StepFunctionHooks
@@ -315,14 +314,7 @@ _FUSED: dict[int, object] = {}  # each overridden layer's own ``fused``
 
 def _check_batch_norm(layer) -> None:
     for name, parameters in _BATCH_NORM_HOOKS.items():
-        method = getattr(type(layer), name, None)
-        if not callable(method) or list(inspect.signature(method).parameters) != (
-            parameters
-        ):
-            raise _fail(
-                f"BatchNormalization.{name}({', '.join(parameters[1:])})",
-                "is missing or changed",
-            )
+        check_method(type(layer), name, parameters, "BatchNormalization")
     if getattr(layer, "renorm", False) or layer.virtual_batch_size is not None:
         raise ValueError(
             "TowerModel does not split a Keras 2 `BatchNormalization` with "

@@ -185,23 +185,22 @@ class Crash(keras.callbacks.Callback):
 def float64():
     """Builds the models made in the block in float64 (floatx and dtype policy)."""
     if KERAS_2:
-        floatx, policy = keras.backend.floatx(), keras.mixed_precision.global_policy()
-        keras.backend.set_floatx("float64")
-        keras.mixed_precision.set_global_policy("float64")
-        try:
-            yield
-        finally:
-            keras.backend.set_floatx(floatx)
-            keras.mixed_precision.set_global_policy(policy)
-        return
-    floatx, policy = keras.config.floatx(), keras.config.dtype_policy()
-    keras.config.set_floatx("float64")
-    keras.config.set_dtype_policy("float64")
+        backend, precision = keras.backend, keras.mixed_precision
+        get_policy, set_policy = precision.global_policy, precision.set_global_policy
+    else:
+        backend = keras.config
+        get_policy, set_policy = (
+            keras.config.dtype_policy,
+            keras.config.set_dtype_policy,
+        )
+    floatx, policy = backend.floatx(), get_policy()
+    backend.set_floatx("float64")
+    set_policy("float64")
     try:
         yield
     finally:
-        keras.config.set_floatx(floatx)
-        keras.config.set_dtype_policy(policy)
+        backend.set_floatx(floatx)
+        set_policy(policy)
 
 
 def mlp(inputs=5, hidden=7, outputs=1, seed=0, **dense_kwargs):

@@ -94,6 +94,8 @@ SPECTRAL_NORMALIZATION = _layers.SPECTRAL_NORMALIZATION
 activity_penalties_summed = _layers.activity_penalties_summed
 draws_per_traced_op = _layers.draws_per_traced_op
 freeze_spectral_update = _layers.freeze_spectral_update
+override_batch_norm_moments = _layers.override_batch_norm_moments
+restore_batch_norm = _layers.restore_batch_norm
 restore_spectral_update = _layers.restore_spectral_update
 spectral_update = _layers.spectral_update
 
@@ -121,11 +123,9 @@ METRICS_BUILT_BEFORE_FIT = _trainer.METRICS_BUILT_BEFORE_FIT
 loss_metric_weight = _trainer.loss_metric_weight
 loss_scaler = _trainer.loss_scaler
 loss_tracker = _trainer.loss_tracker
-override_batch_norm_moments = _trainer.override_batch_norm_moments
 per_output_loss_metrics = _trainer.per_output_loss_metrics
 register_alias = _trainer.register_alias
 register_serializable = _trainer.register_serializable
-restore_batch_norm = _trainer.restore_batch_norm
 
 functional_variant = functools.partial(
     _functional_variant, register_alias=register_alias

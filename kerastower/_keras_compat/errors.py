@@ -77,6 +77,18 @@ def check_method(
         raise _fail(f"{shown}.{name}({', '.join(parameters[1:])})", detail)
 
 
+def check_callables(owner, names, shown: str) -> None:
+    """Fails unless every one of `names` is a callable attribute of `owner`.
+
+    Raises:
+        KerasCompatibilityError: Naming the first missing hook as
+            ``shown.name``.
+    """
+    for name in names:
+        if not callable(getattr(owner, name, None)):
+            raise _fail(f"{shown}.{name}", "is missing")
+
+
 def _attribute(obj, name: str, owner: str, fail=_fail):
     value = getattr(obj, name, _MISSING)
     if value is _MISSING:

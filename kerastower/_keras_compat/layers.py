@@ -1,4 +1,5 @@
-"""Keras layer internals: `SpectralNormalization`'s update, `StatelessScope`'s."""
+"""Keras layer internals: the updates of `SpectralNormalization` and
+`BatchNormalization`, `StatelessScope`'s."""
 
 from __future__ import annotations
 
@@ -57,6 +58,33 @@ def freeze_spectral_update(layer) -> None:
 def restore_spectral_update(layer) -> None:
     """Undoes `freeze_spectral_update`."""
     vars(layer).pop("normalized_weights", None)
+
+
+def override_batch_norm_moments(layer, moments) -> None:
+    """Makes a `BatchNormalization` layer compute its batch statistics with
+    ``moments(inputs, reduction_axes, mask)`` (``None``: its own); undo with
+    `restore_batch_norm`.
+
+    The towers after the first hold their updates of the moving statistics
+    (`kerastower.step.layer_updates`).
+
+    Raises:
+        KerasCompatibilityError: If the layer no longer computes its
+            statistics in ``_moments(inputs, mask)`` over ``_reduction_axes``.
+    """
+    if moments is None:
+        return
+    check_method(
+        type(layer), "_moments", ["self", "inputs", "mask"], "BatchNormalization"
+    )
+    if not hasattr(layer, "_reduction_axes"):
+        raise _fail("BatchNormalization._reduction_axes", "is missing")
+    layer._moments = lambda inputs, mask: moments(inputs, layer._reduction_axes, mask)
+
+
+def restore_batch_norm(layer) -> None:
+    """Undoes `override_batch_norm_moments`."""
+    vars(layer).pop("_moments", None)
 
 
 def _check_stateless_scope() -> None:

@@ -7,7 +7,7 @@ import warnings
 
 import tensorflow as tf
 
-from kerastower._keras_compat.errors import _attribute, _fail, check_method
+from kerastower._keras_compat.errors import _attribute, _fail, check_callables
 from kerastower._keras_compat.family import keras
 from kerastower._keras_compat.step_functions import StepFunctionHooks, warn_once
 
@@ -32,33 +32,6 @@ def register_alias(alias: type, cls: type) -> None:
         )
     if cls in names:
         names[alias] = names[cls]
-
-
-def override_batch_norm_moments(layer, moments) -> None:
-    """Makes a `BatchNormalization` layer compute its batch statistics with
-    ``moments(inputs, reduction_axes, mask)`` (``None``: its own); undo with
-    `restore_batch_norm`.
-
-    The towers after the first hold their updates of the moving statistics
-    (`kerastower.step.layer_updates`).
-
-    Raises:
-        KerasCompatibilityError: If the layer no longer computes its
-            statistics in ``_moments(inputs, mask)`` over ``_reduction_axes``.
-    """
-    if moments is None:
-        return
-    check_method(
-        type(layer), "_moments", ["self", "inputs", "mask"], "BatchNormalization"
-    )
-    if not hasattr(layer, "_reduction_axes"):
-        raise _fail("BatchNormalization._reduction_axes", "is missing")
-    layer._moments = lambda inputs, mask: moments(inputs, layer._reduction_axes, mask)
-
-
-def restore_batch_norm(layer) -> None:
-    """Undoes `override_batch_norm_moments`."""
-    vars(layer).pop("_moments", None)
 
 
 def _import_functional():
@@ -259,8 +232,10 @@ class TrainerHooks(StepFunctionHooks):
         self._shown_warnings = warn_once(caught)
 
 
-def _check_trainer_hooks() -> None:
-    for hook in (
+# The `keras.Model` methods `TowerModel` overrides or calls, checked at import.
+check_callables(
+    keras.Model,
+    (
         "_maybe_symbolic_build",
         "_symbolic_build",
         "_resolve_auto_jit_compile",
@@ -269,9 +244,6 @@ def _check_trainer_hooks() -> None:
         "make_predict_function",
         "_compute_loss",
         "_flatten_layers",
-    ):
-        if not callable(getattr(keras.Model, hook, None)):  # pragma: no cover
-            raise _fail(f"keras.Model.{hook}", "is missing")
-
-
-_check_trainer_hooks()
+    ),
+    "keras.Model",
+)

@@ -5,7 +5,7 @@ that holds their assignments (`kerastower._keras_compat.layers`). Keras 2
 layers assign TensorFlow variables directly and have no such scope: here a
 tower reads and assigns the model's variables as they are, so only models
 whose forward pass assigns no weight train exactly on towers. Keras 2's
-`BatchNormalization` runs unfused with global moments (`trainer`);
+`BatchNormalization` runs unfused with global moments (below);
 `SpectralNormalization` (`tf_keras` 2.16 and newer; that of Keras 2.13 to
 2.15 cannot be traced, on one device either) updates once per step, as on
 Keras 3, through ``normalize_weights()``. An activity regularizer's penalty is
@@ -20,7 +20,7 @@ from collections.abc import Iterator
 
 import tensorflow as tf
 
-from kerastower._keras_compat.errors import _fail, check_method
+from kerastower._keras_compat.errors import _attribute, _fail, check_method
 from kerastower._keras_compat.family import keras
 
 # Keras 2.13 and newer; Keras 2.12 has no spectral normalisation layer.
@@ -92,3 +92,97 @@ def freeze_spectral_update(layer) -> None:
 def restore_spectral_update(layer) -> None:
     """Undoes `freeze_spectral_update`."""
     vars(layer).pop("normalize_weights", None)
+
+
+# The `BatchNormalization` methods the towers replace, and their parameters.
+_BATCH_NORM_HOOKS = {
+    "_calculate_mean_and_var": [
+        "self",
+        "inputs",
+        "reduction_axes",
+        "keep_dims",
+        "mask",
+    ],
+    "_assign_moving_average": ["self", "variable", "value", "momentum", "inputs_size"],
+}
+_FUSED: dict[int, object] = {}  # each overridden layer's own ``fused``
+
+
+def _check_batch_norm(layer) -> None:
+    for name, parameters in _BATCH_NORM_HOOKS.items():
+        check_method(type(layer), name, parameters, "BatchNormalization")
+    if getattr(layer, "renorm", False) or layer.virtual_batch_size is not None:
+        raise ValueError(
+            "TowerModel does not split a Keras 2 `BatchNormalization` with "
+            "`renorm=True` or a `virtual_batch_size` over towers. Received: "
+            f"layer={layer.name!r}"
+        )
+
+
+def override_batch_norm_moments(layer, moments) -> None:
+    """Makes a Keras 2 `BatchNormalization` layer compute its batch
+    statistics with ``moments(inputs, reduction_axes, mask, with_count=True)``
+    (``None``: its own) and update its moving statistics on the first tower
+    only; undo with `restore_batch_norm`.
+
+    The layer runs its unfused implementation meanwhile: the fused kernel
+    computes the statistics itself. Both normalise with the biased variance;
+    a fused layer updates its moving variance with the unbiased one,
+    ``variance * n / (n - 1)`` (Keras 2 leaves the kernel's Bessel
+    correction in, ``_bessels_correction_test_only``), which is applied here
+    with the count ``n`` of the statistics. Only tower 0 updates the moving
+    statistics (the others' update is 0): with the global batch's statistics
+    that is one device's update, and without them tower 0's own, as stock
+    `MirroredStrategy` keeps its first replica's.
+
+    Raises:
+        KerasCompatibilityError: If the layer no longer computes its
+            statistics in ``_calculate_mean_and_var`` or updates them in
+            ``_assign_moving_average``.
+        ValueError: For batch renormalisation or a virtual batch size.
+    """
+    _check_batch_norm(layer)
+    unbiased = bool(layer.fused) and _attribute(
+        layer, "_bessels_correction_test_only", "BatchNormalization"
+    )
+    _FUSED[id(layer)] = layer.fused
+    layer.fused = False
+    own = type(layer)._calculate_mean_and_var
+    assign = type(layer)._assign_moving_average
+    counts: list = []
+
+    def calculate_mean_and_var(inputs, reduction_axes, keep_dims, mask=None):
+        if moments is None:
+            mean, variance = own(layer, inputs, reduction_axes, keep_dims, mask)
+            shape = tf.shape(inputs)
+            count = tf.reduce_prod(tf.gather(shape, list(reduction_axes)))
+            counts[:] = [tf.cast(count, variance.dtype)]
+            return mean, variance
+        mean, variance, count = moments(inputs, reduction_axes, mask, with_count=True)
+        counts[:] = [count]
+        if keep_dims:
+            for axis in sorted(reduction_axes):
+                mean = tf.expand_dims(mean, axis)
+                variance = tf.expand_dims(variance, axis)
+        return mean, variance
+
+    def first_tower_updates(variable, value, momentum, inputs_size):
+        context = tf.distribute.get_replica_context()
+        first = tf.cast(tf.equal(context.replica_id_in_sync_group, 0), tf.int32)
+        if inputs_size is not None:
+            first *= tf.cast(inputs_size, tf.int32)
+        if unbiased and variable is layer.moving_variance:
+            n = tf.cast(counts[-1], value.dtype)
+            value = value * tf.where(n > 1, n / (n - 1), tf.ones_like(n))
+        return assign(layer, variable, value, momentum, first)
+
+    layer._calculate_mean_and_var = calculate_mean_and_var
+    layer._assign_moving_average = first_tower_updates
+
+
+def restore_batch_norm(layer) -> None:
+    """Undoes `override_batch_norm_moments`."""
+    for name in _BATCH_NORM_HOOKS:
+        vars(layer).pop(name, None)
+    if id(layer) in _FUSED:
+        layer.fused = _FUSED.pop(id(layer))

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import tensorflow as tf
 from keras_family import keras, keras3_only_until_ported, spectral_normalization
 from oracle import assert_close
 
@@ -47,7 +48,12 @@ class GlobalBatches(getattr(keras.utils, "PyDataset", keras.utils.Sequence)):
         for start in range(0, len(data[0][0]), natural.BATCH):
             end = start + natural.BATCH
             self.batches.append(
-                tuple(np.concatenate([d[k][start:end] for d in data]) for k in (0, 1))
+                tf.nest.map_structure(
+                    lambda *parts, rows=slice(start, end): np.concatenate(
+                        [part[rows] for part in parts]
+                    ),
+                    *data,
+                )
             )
 
     def __len__(self):
@@ -66,6 +72,8 @@ def one_device_model(family, initial):
         plain = keras.Model(*natural.spectral_graph(seed=0))
     elif family == "contrastive":
         plain = keras.Model(*natural.contrastive_graph(seed=0))
+    elif family == "two_outputs":
+        plain = keras.Model(*natural.two_outputs_graph(seed=0))
     else:
         hidden, out = natural.layers(seed=0)
         inputs = keras.Input((natural.FEATURES,))
@@ -114,6 +122,9 @@ def one_device(workers, family, initial):
         # 2 examples) runs on one tower.
         (2, "2,3", "contrastive"),
         (3, "2,3,1", "contrastive"),
+        # A loss metric per output, weighted as one device weighs it over
+        # steps of different sizes.
+        (2, "2,3", "two_outputs"),
         # Replicas in one ring over every worker's towers (the GPU path).
         pytest.param(2, "2,3", "dense-replicas", marks=on_replicas),
         pytest.param(3, "2,3,1", "embedding-replicas", marks=on_replicas),
@@ -135,7 +146,8 @@ def test_natural_script_trains_the_one_device_model(tmp_path, workers, towers, f
         assert report["workers"] == workers
         assert report["towers"] == counts[index]
         assert report["replicas"] is bool(replicas)
-        for key in history:  # the loss, and "mae" where compiled
+        assert report.keys() - {"towers", "workers", "replicas"} == history.keys()
+        for key in history:  # the loss, per-output losses, compiled metrics
             assert_close(report[key], history[key], err_msg=key)
         with np.load(tmp_path / f"worker{index}.npz") as final:
             trained = [final[f"arr_{k}"] for k in range(len(final.files))]

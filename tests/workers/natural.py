@@ -7,8 +7,8 @@ tests start it through ``kerastower launch``). The towers are the logical
 CPUs that ``kerastower launch --towers`` asks for.
 
 ``python natural.py OUT FAMILY [K]`` trains the model `FAMILY` ("dense",
-"from_model", "subclassed", "own_step", "embedding", "masked", "spectral" or
-"contrastive") on this worker's
+"from_model", "subclassed", "own_step", "embedding", "masked", "spectral",
+"contrastive" or "two_outputs") on this worker's
 examples, accumulating `K` micro-batches per update when given, and writes
 the initial weights (chief), the final weights and the history to ``OUT``.
 """
@@ -123,6 +123,17 @@ def contrastive_graph(seed: int):
     return inputs, keras.layers.Dense(4)(hidden)
 
 
+def two_outputs_graph(seed: int):
+    """Two heads, each with its own loss: Keras keeps a loss metric per output."""
+    keras.utils.set_random_seed(seed)
+    inputs = keras.Input((FEATURES,))
+    hidden = keras.layers.Dense(8, activation="tanh")(inputs)
+    heads = [
+        keras.layers.Dense(k, name=name)(hidden) for k, name in ((1, "a"), (2, "b"))
+    ]
+    return inputs, heads
+
+
 def pair_agreement(y_true, y_pred):
     """Per example: the squared distance between its cosine similarity to
     each example of the batch and whether they share a label. A loss of the
@@ -142,6 +153,12 @@ def compile_arguments(family: str) -> dict:
             optimizer=keras.optimizers.Adam(0.01),
             loss=pair_agreement if circle is None else circle(gamma=4.0),
         )
+    if family == "two_outputs":
+        return dict(
+            optimizer=keras.optimizers.Adam(0.01),
+            loss={"a": "mse", "b": "mae"},
+            metrics={"b": ["mse"]},
+        )
     if family == "own_step":  # its step updates the loss tracker only
         return dict(optimizer=keras.optimizers.Adam(0.01), loss="mse")
     return dict(optimizer=keras.optimizers.Adam(0.01), loss="mse", metrics=["mae"])
@@ -159,6 +176,8 @@ def family_data(family: str, index: int):
         return tokens(x), y
     if family == "contrastive":
         return x, (x[:, 0] > 0).astype("int32") + (x[:, 1] > 0).astype("int32")
+    if family == "two_outputs":
+        return x, (y, np.stack([x[:, 2], x[:, 3] * x[:, 4]], axis=1))
     if family == "masked":
         ids = tokens(x) + 1
         ids[:, : 2 * index] = 0
@@ -176,6 +195,8 @@ def build(family: str, seed: int):
         return kerastower.TowerModel(*spectral_graph(seed))
     if family == "contrastive":
         return kerastower.TowerModel(*contrastive_graph(seed), global_batch_loss=True)
+    if family == "two_outputs":
+        return kerastower.TowerModel(*two_outputs_graph(seed))
     if family == "subclassed":
         model = Subclassed(seed)
         model(np.zeros((1, FEATURES), "float32"))

@@ -84,6 +84,7 @@ CI_SUITES = ["-m", "core", *ast.literal_eval(_CORE.group(1))]
 # 2.21 no longer brings it.
 TEST_REQUIREMENTS = [
     "pytest>=8",
+    "pytest-xdist>=3.5",
     "hypothesis>=6.100",
     "scikit-learn>=1.3",
     "tensorboard",

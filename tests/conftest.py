@@ -1,5 +1,6 @@
 """Test setup: four logical CPUs, configured before TensorFlow starts."""
 
+import fcntl
 import os
 
 import pytest
@@ -37,7 +38,41 @@ CORE = (
 )
 
 
+# The tests that start processes of their own and signal or time them (a
+# SIGTERM at a step, a kill at a random instant, a collective timeout): under
+# pytest-xdist (``-n``, pyproject.toml) each runs while no other test does, so
+# that another test's tracing on the same cores cannot move their moments.
+EXCLUSIVE = (
+    "tests/callbacks/test_backup_and_restore.py",
+    "tests/cli/test_launch.py",
+    "tests/test_crash_recovery.py",
+    "tests/test_multi_worker.py",
+    "tests/test_multi_worker_scripts.py",
+    "tests/test_reliability.py",
+)
+
+
 def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.nodeid.startswith(CORE):
             item.add_marker(pytest.mark.core)
+        if item.nodeid.startswith(EXCLUSIVE):
+            item.add_marker(pytest.mark.exclusive)
+
+
+@pytest.fixture(autouse=True)
+def _cores(request, tmp_path_factory):
+    """Holds the xdist workers' shared lock through a test: an `exclusive`
+    test takes it alone, any other shares it."""
+    if "PYTEST_XDIST_WORKER" not in os.environ:
+        yield
+        return
+    alone = request.node.get_closest_marker("exclusive") is not None
+    # The parent of a worker's temporary directory is the run's, shared.
+    path = tmp_path_factory.getbasetemp().parent / "cores.lock"
+    with open(path, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)

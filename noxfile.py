@@ -71,6 +71,9 @@ SUITES = [
     "tests/test_custom_fit_idioms.py",
     "tests/test_keras_compat.py",
     "tests/properties",
+    "tests/callbacks",
+    "tests/test_multi_worker_scripts.py",
+    "tests/test_multi_worker.py",
 ]
 # What CI runs on the oldest pair, in about five minutes with the install: the
 # tests marked `core`, collected from their own files only (`CORE` in

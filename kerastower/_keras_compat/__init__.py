@@ -92,6 +92,7 @@ steps_per_execution = _callbacks.steps_per_execution
 RECORDS_ASSIGNMENTS = _layers.RECORDS_ASSIGNMENTS
 SPECTRAL_NORMALIZATION = _layers.SPECTRAL_NORMALIZATION
 activity_penalties_summed = _layers.activity_penalties_summed
+assignments_to = _layers.assignments_to
 draws_per_traced_op = _layers.draws_per_traced_op
 freeze_spectral_update = _layers.freeze_spectral_update
 override_batch_norm_moments = _layers.override_batch_norm_moments
@@ -148,6 +149,7 @@ __all__ = [
     "_attribute",
     "_fail",
     "activity_penalties_summed",
+    "assignments_to",
     "build_before_towers",
     "build_metrics",
     "build_optimizer",

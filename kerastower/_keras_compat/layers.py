@@ -13,6 +13,14 @@ from kerastower._keras_compat.family import keras
 SPECTRAL_NORMALIZATION = (keras.layers.SpectralNormalization,)
 
 
+@contextlib.contextmanager
+def assignments_to(variables) -> Iterator[list]:
+    """Nothing to read: Keras 3 towers record their assignments in a
+    `RecordingScope` (`RECORDS_ASSIGNMENTS`); yields an empty list."""
+    del variables
+    yield []
+
+
 def draws_per_traced_op(layers) -> bool:
     """Whether one of `layers` draws random numbers from ops seeded at trace:
     never on Keras 3, whose layers draw from a `keras.random.SeedGenerator`

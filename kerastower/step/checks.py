@@ -101,6 +101,28 @@ def warn_if_trainable_assigned(paths: list[str]) -> None:
     )
 
 
+def refuse_assigned_weights(model: Any, names: list[str]) -> None:
+    """Refuses a Keras 2 forward pass that assigns the model's weights.
+
+    Keras 2 has no scope that holds a tower's assignments (Keras 3's
+    `keras.StatelessScope`): every tower would make the assignment in turn,
+    a counter advance once per tower, a running sum add every tower's shard
+    to what the towers before it left. kerastower updates `BatchNormalization`
+    and `SpectralNormalization` once per step itself.
+
+    Raises:
+        ValueError: Always, naming the weights.
+    """
+    raise ValueError(
+        f"The forward pass assigns the model's weights {names}. On Keras 2 "
+        "every tower would make that assignment again, and the model would "
+        "differ from one device's (kerastower updates only `BatchNormalization` "
+        "and `SpectralNormalization` once per step there). Train it with "
+        "`towers=1`, or on Keras 3, whose towers hold their assignments. "
+        f"Received: towers={model.num_towers}"
+    )
+
+
 def warn_if_state_kept(paths: list[str]) -> None:
     """Warns that non-trainable weights keep the first tower's assignment.
 

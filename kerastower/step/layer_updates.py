@@ -188,8 +188,16 @@ def tower_reads(
             traced = context.replica_id_in_sync_group
         else:
             tower = int(tower)
-    if tower == 0 or not _keras_compat.RECORDS_ASSIGNMENTS:
+    if tower == 0:
         yield list(variables)
+        return
+    if not _keras_compat.RECORDS_ASSIGNMENTS:  # Keras 2: nothing is held
+        own = _own_updates(model)
+        weights = [v for v in model.weights if id(v) not in own]
+        with _keras_compat.assignments_to(weights) as assigned:
+            yield list(variables)
+        if assigned:
+            checks.refuse_assigned_weights(model, [v.name for v in assigned])
         return
 
     def reads(variables):

@@ -14,6 +14,7 @@ import tensorflow as tf
 from keras_family import (
     KERAS_2,
     keras,
+    keras2_only,
     keras3_only,
     keras3_only_until_ported,
     spectral_normalization,
@@ -24,9 +25,10 @@ import kerastower
 from kerastower import _keras_compat
 from kerastower.callbacks import GradientAccumulation
 
-# Keras 2 has no scope that holds a tower's assignments.
+# Keras 2 has no scope that holds a tower's assignments: such a model is
+# refused there (`test_keras_2_refuses_a_forward_pass_that_assigns_a_weight`).
 assigning_layers = keras3_only_until_ported("a forward pass that assigns a weight")
-running_sums = keras3_only_until_ported("a sum metric updated in the forward pass")
+running_sums = keras3_only_until_ported("a forward pass that assigns a weight")
 
 RNG = np.random.default_rng(11)
 X = RNG.normal(size=(22, 6, 6, 2)).astype("float32")
@@ -297,6 +299,11 @@ def test_a_layer_assigning_a_trainable_weight_warns():
     assert assignment_warnings(spectral_model, 3) == []
 
 
+def _aggregation(name: str):
+    """A weight's aggregation as the Keras family takes it (Keras 2: the enum)."""
+    return tf.VariableAggregation[name.upper()] if KERAS_2 else name
+
+
 class BatchSum(keras.layers.Layer):
     """The subclassing guide's ``ComputeSum``: a running sum of its inputs
     over every batch it sees, with a count of its calls."""
@@ -310,19 +317,21 @@ class BatchSum(keras.layers.Layer):
             shape=(input_shape[-1],),
             initializer="zeros",
             trainable=False,
-            aggregation=self.aggregation,
+            aggregation=_aggregation(self.aggregation),
             name="total",
         )
         self.calls = self.add_weight(
             shape=(),
             initializer="zeros",
             trainable=False,
-            aggregation="only_first_replica",
+            aggregation=_aggregation("only_first_replica"),
             name="calls",
         )
 
     def call(self, inputs):
-        self.total.assign_add(keras.ops.sum(inputs, axis=0))
+        # Keras 2 has no `keras.ops`.
+        total = tf.reduce_sum if KERAS_2 else keras.ops.sum
+        self.total.assign_add(total(inputs, axis=0))
         self.calls.assign_add(1.0)
         return inputs
 
@@ -385,3 +394,39 @@ def test_a_running_sum_without_aggregation_keeps_tower_0s_and_warns():
     flat = X[:2].reshape(2, -1)  # tower 0's shard
     np.testing.assert_allclose(total, flat.sum(axis=0), rtol=1e-6, atol=1e-6)
     assert calls == 1.0
+
+
+@keras2_only
+@pytest.mark.parametrize(
+    "build, phase",
+    [
+        (counter_model, "fit"),
+        (batch_sum_model, "fit"),
+        (batch_sum_model, "evaluate"),
+    ],
+    ids=["counter-fit", "running_sum-fit", "running_sum-evaluate"],
+)
+def test_keras_2_refuses_a_forward_pass_that_assigns_a_weight(build, phase):
+    # Keras 2 towers cannot hold their assignments: each would assign in
+    # turn (the counter counted 12 for one device's 6 on 2 towers).
+    model = kerastower.TowerModel.from_model(build(), towers=2)
+    model.compile(optimizer="sgd", loss="mse")
+    with pytest.raises(
+        ValueError, match=r"assigns the model's weights \['(counter|batch_sum)"
+    ):
+        if phase == "fit":
+            fit(model)
+        else:
+            model.evaluate(X, Y, batch_size=10, verbose=0)
+
+
+@keras2_only
+def test_keras_2_trains_a_forward_pass_that_assigns_a_weight_on_one_tower():
+    # What the refusal above offers instead: one tower, as one device.
+    plain, towered = twin(counter_model, 1)
+    plain.compile(optimizer="sgd", loss="mse")
+    towered.compile(optimizer="sgd", loss="mse")
+    assert_same_history(fit(plain), fit(towered))
+    assert_same_weights(plain, towered)
+    calls = [w for w in towered.weights if "calls" in w.name]
+    assert [float(c.numpy()) for c in calls] == [6.0]

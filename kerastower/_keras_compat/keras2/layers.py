@@ -20,7 +20,12 @@ from collections.abc import Iterator
 
 import tensorflow as tf
 
-from kerastower._keras_compat.errors import _attribute, _fail, check_method
+from kerastower._keras_compat.errors import (
+    _attribute,
+    _fail,
+    _fail_tensorflow,
+    check_method,
+)
 from kerastower._keras_compat.family import keras
 
 # Keras 2.13 and newer; Keras 2.12 has no spectral normalisation layer.
@@ -41,6 +46,59 @@ def activity_penalties_summed(layers, global_batch) -> Iterator[None]:
     """Nothing to change: Keras 2's activity penalty is a batch mean."""
     del layers, global_batch
     yield
+
+
+# The ops by which a traced function assigns a resource variable.
+_ASSIGNING_OPS = ("AssignVariableOp", "AssignAddVariableOp", "AssignSubVariableOp")
+
+
+def _outermost(tensor):
+    """What `tensor` of a traced function was captured from: follows the
+    captures out through the enclosing functions to the eager tensor."""
+    while getattr(tensor.graph, "captures", None) is not None:
+        outer = {id(internal): external for external, internal in tensor.graph.captures}
+        if id(tensor) not in outer:
+            return tensor
+        tensor = outer[id(tensor)]
+        if not hasattr(tensor, "graph"):  # an eager tensor: a variable's handle
+            return tensor
+    return tensor
+
+
+@contextlib.contextmanager
+def assignments_to(variables) -> Iterator[list]:
+    """Lists the `variables` that the ops traced in the block assign.
+
+    Keras 2 holds no tower's assignments (`RECORDS_ASSIGNMENTS`): a tower
+    after the first that assigns one of the model's weights makes the
+    assignment again. The ops the block adds to the function being traced are
+    read for assignments (``AssignVariableOp``, its add and sub forms and the
+    ``ResourceScatter`` ops) to a variable among `variables` (any of its
+    copies, for a distributed variable); an assignment inside a nested
+    function (a `tf.cond` branch) or a block run eagerly is not seen.
+
+    Yields:
+        A list, filled when the block exits with the variables assigned, in
+        the order of `variables`.
+    """
+    found: list = []
+    if tf.executing_eagerly():
+        yield found
+        return
+    graph = tf.compat.v1.get_default_graph()
+    # A list of ``(outer, inner)`` pairs (TensorFlow 2.12: a dict's values).
+    if not hasattr(getattr(graph, "captures", None), "__iter__"):
+        raise _fail_tensorflow("FuncGraph.captures", "is missing or changed")
+    start = len(graph.get_operations())
+    yield found
+    assigned = set()
+    for op in graph.get_operations()[start:]:
+        if op.type in _ASSIGNING_OPS or op.type.startswith("ResourceScatter"):
+            assigned.add(id(_outermost(op.inputs[0])))
+    for variable in variables:
+        copies = getattr(variable, "values", None) or (variable,)
+        if any(id(copy.handle) in assigned for copy in copies):
+            found.append(variable)
 
 
 def draws_per_traced_op(layers) -> bool:

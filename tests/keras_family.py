@@ -8,6 +8,7 @@ marked `keras3_only` or `keras2_only`.
 
 import pytest
 
+from kerastower import _keras_compat
 from kerastower._keras_compat.family import KERAS_FAMILY, KERAS_VERSION, keras
 
 KERAS_2 = KERAS_FAMILY == 2
@@ -19,10 +20,10 @@ keras2_only = pytest.mark.skipif(not KERAS_2, reason="Keras 2 only")
 
 
 # Keras 2.12 has no `SpectralNormalization` layer; that of Keras 2.13 to
-# 2.15 cannot be traced: a `fit` fails on it, on one device too.
+# `tf_keras` 2.18 cannot be traced: a `fit` fails on it, on one device too.
+# kerastower updates the ones that trace (`SPECTRAL_NORMALIZATION`).
 spectral_normalization = pytest.mark.skipif(
-    (KERAS_2 and KERAS_MINOR < (2, 16))
-    or not hasattr(keras.layers, "SpectralNormalization"),
+    not _keras_compat.SPECTRAL_NORMALIZATION,
     reason=f"Keras {KERAS_VERSION} has no SpectralNormalization that traces",
 )
 

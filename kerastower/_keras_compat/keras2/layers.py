@@ -6,8 +6,8 @@ layers assign TensorFlow variables directly and have no such scope: here a
 tower reads and assigns the model's variables as they are, so only models
 whose forward pass assigns no weight train exactly on towers. Keras 2's
 `BatchNormalization` runs unfused with global moments (below);
-`SpectralNormalization` (`tf_keras` 2.16 and newer; that of Keras 2.13 to
-2.15 cannot be traced, on one device either) updates once per step, as on
+`SpectralNormalization` (`tf_keras` 2.19 and newer; that of Keras 2.13 to
+`tf_keras` 2.18 cannot be traced, on one device either) updates once per step, as on
 Keras 3, through ``normalize_weights()``. An activity regularizer's penalty is
 already a batch mean in Keras 2 (``Layer._handle_activity_regularization``
 divides it by the batch size).
@@ -28,11 +28,14 @@ from kerastower._keras_compat.errors import (
 )
 from kerastower._keras_compat.family import keras
 
-# Keras 2.13 and newer; Keras 2.12 has no spectral normalisation layer.
-# Keras 2.13 to 2.15 assign inside `normalize_weights()`, in a Python `if`
-# on a tensor that no trace takes: a `fit` fails on it before the towers.
-SPECTRAL_NORMALIZATION: tuple = tuple(
-    filter(None, [getattr(keras.layers, "SpectralNormalization", None)])
+# `tf_keras` 2.19 and newer, whose `SpectralNormalization` returns the new
+# values from ``normalize_weights()`` (and ``_update_weights()`` assigns
+# them). Keras 2.12 has none; that of Keras 2.13 to `tf_keras` 2.18 assigns
+# inside ``normalize_weights()``, in a Python `if` on a tensor that no trace
+# takes: a `fit` fails on it, on one device too, before the towers.
+_SPECTRAL = getattr(keras.layers, "SpectralNormalization", None)
+SPECTRAL_NORMALIZATION: tuple = (
+    (_SPECTRAL,) if callable(getattr(_SPECTRAL, "_update_weights", None)) else ()
 )
 
 
@@ -123,7 +126,7 @@ def _check_spectral_normalization(layer) -> None:
 def spectral_update(layer) -> tuple:
     """The ``(vector_u, kernel)`` that one training call of `layer` assigns.
 
-    `tf_keras`'s `SpectralNormalization` (2.16 and newer) runs, at every
+    `tf_keras`'s `SpectralNormalization` (2.19 and newer) runs, at every
     call with ``training=True``, a power iteration (``normalize_weights()``,
     which returns ``(kernel / sigma, vector_u)``) and assigns both before
     calling the wrapped layer; a kernel of zeros is kept as it is.

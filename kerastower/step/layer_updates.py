@@ -170,7 +170,10 @@ def tower_reads(
     ones, its replicas (``replicas.copies(variables, tower)`` of `variables`
     are yielded) or the model's variables (`variables`, yielded), through a
     `keras.StatelessScope`; when it closes, the tower's assignments to
-    variables that are not the model's weights are made.
+    variables that are not the model's weights are made. On Keras 2, which
+    has no such scope, a tower after the first that assigns one of the
+    model's weights (other than those kerastower updates once per step) is
+    refused (`checks.refuse_assigned_weights`).
 
     Args:
         model: The `kerastower.TowerModel`.

@@ -55,14 +55,18 @@ def activity_penalties_summed(layers, global_batch) -> Iterator[None]:
 _ASSIGNING_OPS = ("AssignVariableOp", "AssignAddVariableOp", "AssignSubVariableOp")
 
 
-def _outermost(tensor):
+def _outermost(tensor, maps: dict):
     """What `tensor` of a traced function was captured from: follows the
-    captures out through the enclosing functions to the eager tensor."""
+    captures out through the enclosing functions to the eager tensor.
+
+    `maps` caches each graph's capture map (inner tensor to outer one)."""
     while getattr(tensor.graph, "captures", None) is not None:
-        outer = {id(internal): external for external, internal in tensor.graph.captures}
-        if id(tensor) not in outer:
+        graph = tensor.graph
+        if graph not in maps:
+            maps[graph] = {id(inner): outer for outer, inner in graph.captures}
+        if id(tensor) not in maps[graph]:
             return tensor
-        tensor = outer[id(tensor)]
+        tensor = maps[graph][id(tensor)]
         if not hasattr(tensor, "graph"):  # an eager tensor: a variable's handle
             return tensor
     return tensor
@@ -94,10 +98,10 @@ def assignments_to(variables) -> Iterator[list]:
         raise _fail_tensorflow("FuncGraph.captures", "is missing or changed")
     start = len(graph.get_operations())
     yield found
-    assigned = set()
+    assigned, maps = set(), {}
     for op in graph.get_operations()[start:]:
         if op.type in _ASSIGNING_OPS or op.type.startswith("ResourceScatter"):
-            assigned.add(id(_outermost(op.inputs[0])))
+            assigned.add(id(_outermost(op.inputs[0], maps)))
     for variable in variables:
         copies = getattr(variable, "values", None) or (variable,)
         if any(id(copy.handle) in assigned for copy in copies):

@@ -119,7 +119,9 @@ KERAS2_SUITES = [
 KERAS2_CI_SUITES = [
     "tests/test_equivalence.py",
     "tests/properties",
+    "tests/test_custom_fit_idioms.py",
     "tests/test_keras2_user_script.py",
+    "tests/step/test_layer_updates.py",
 ]
 
 nox.options.reuse_existing_virtualenvs = True

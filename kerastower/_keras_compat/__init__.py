@@ -13,7 +13,8 @@ this module exports that family's hooks under one set of names.
 
 For either family: `errors` (the error and the supported ranges),
 `step_functions` (Keras's ``make_*_function``), `functional_variants`,
-`metrics` (a `Mean` of a batch scalar updated in a tower), `xla` (XLA per
+`metrics` (a `Mean` of a batch scalar updated in a tower), `seeds` (Keras's
+global seed generator in the towers' threads), `xla` (XLA per
 tower), `collectives` (TensorFlow's multi-worker start-up) and `tower_calls`
 (one traced tower function called on every device).
 
@@ -48,6 +49,7 @@ from kerastower._keras_compat.metrics import (
     scalar_means_weighted,
     weigh_scalar_means,
 )
+from kerastower._keras_compat.seeds import GlobalSeeds, global_seeds
 from kerastower._keras_compat.step_functions import (
     warn_once,
     warnings_shown_at_build,
@@ -144,6 +146,7 @@ __all__ = [
     "SUPPORTED_TENSORFLOW",
     "CheckpointHooks",
     "Functional",
+    "GlobalSeeds",
     "KerasCompatibilityError",
     "TrainerHooks",
     "_attribute",
@@ -168,6 +171,7 @@ __all__ = [
     "functional_init_arguments",
     "functional_variant",
     "get_keras_mask",
+    "global_seeds",
     "graph_of",
     "init_functional",
     "inner_layers",

@@ -5,6 +5,8 @@ traces the step in it. With towers, XLA compiles each tower instead of the
 whole step (`kerastower._keras_compat.xla`), and a step that calls its towers
 traced once gets one round of Grappler (`tower_calls.OptimisedOnce`). A step
 traces the model once per tower: `warn_once` keeps its warnings to one each.
+Keras's global seed generator is prepared for the towers before the step
+traces (`seeds.prepare_global_seeds`).
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import contextlib
 import re
 import warnings
 
-from kerastower._keras_compat import tower_calls, xla
+from kerastower._keras_compat import seeds, tower_calls, xla
 
 
 class StepFunctionHooks:
@@ -26,18 +28,21 @@ class StepFunctionHooks:
     # With towers, XLA compiles each tower (`xla.compiled_in_towers`), not
     # the step that holds them all.
     def make_train_function(self, force=False):
+        seeds.prepare_global_seeds()
         with self._step_functions():
             made = super().make_train_function(force)
         self.train_function = self._outer_step(self.train_function, "train_step")
         return made
 
     def make_test_function(self, force=False):
+        seeds.prepare_global_seeds()
         with self._step_functions():
             made = super().make_test_function(force)
         self.test_function = self._outer_step(self.test_function, "test_step")
         return made
 
     def make_predict_function(self, force=False):
+        seeds.prepare_global_seeds()
         with self._step_functions():
             made = super().make_predict_function(force)
         self.predict_function = self._outer_step(self.predict_function, "predict_step")

@@ -82,7 +82,10 @@ class StepState:
         kept: The paths of non-trainable weights that a tower after the
             first assigned and that end the step with tower 0's value, where
             that may not be one device's (an ordered set).
-        seeds: The layers' seed-generator states (see `_seed_states`).
+        seeds: The layers' seed-generator states and Keras's global one's
+            (see `_seed_states`).
+        global_seeds: Keras's global seed generator, for the towers'
+            threads (`kerastower._keras_compat.GlobalSeeds`).
         traced: ``(variables, values)`` that a tower traced once assigned,
             for `apply_traced`.
     """
@@ -93,6 +96,7 @@ class StepState:
     kept: dict = dataclasses.field(default_factory=dict)
     seeds: list = dataclasses.field(default_factory=list)
     traced: list = dataclasses.field(default_factory=list)
+    global_seeds: Any = dataclasses.field(default_factory=_keras_compat.GlobalSeeds)
 
 
 @contextlib.contextmanager
@@ -126,6 +130,18 @@ def step_state(
             for tower in range(1, len(replicas.devices)):
                 with tf.device(replicas.devices[tower]):
                     replicas.replica_variables(tower)[j].assign(kernel)
+    with _keras_compat.global_seeds() as global_seeds:
+        with _states(model, layers, global_seeds) as state:
+            yield state
+    # Here, not in the towers, whose warnings `split_run` shows only once.
+    if state.assigned:
+        checks.warn_if_trainable_assigned(list(state.assigned))
+    if state.kept:
+        checks.warn_if_state_kept(list(state.kept))
+
+
+@contextlib.contextmanager
+def _states(model, layers, global_seeds) -> Iterator[StepState]:
     if _keras_compat.RECORDS_ASSIGNMENTS:
         weights = {id(v) for v in model.non_trainable_weights}
         state = StepState(
@@ -135,7 +151,8 @@ def step_state(
                 for v in model.metrics_variables
                 if id(v) not in weights
             ],
-            seeds=_seed_variables(model),
+            seeds=_seed_variables(model) + global_seeds.variables,
+            global_seeds=global_seeds,
         )
     else:  # Keras 2: nothing is held
         state = StepState([])
@@ -146,11 +163,6 @@ def step_state(
     finally:
         for layer in layers:
             _keras_compat.restore_spectral_update(layer)
-    # Here, not in the towers, whose warnings `split_run` shows only once.
-    if state.assigned:
-        checks.warn_if_trainable_assigned(list(state.assigned))
-    if state.kept:
-        checks.warn_if_state_kept(list(state.kept))
 
 
 @contextlib.contextmanager
@@ -173,7 +185,8 @@ def tower_reads(
     variables that are not the model's weights are made. On Keras 2, which
     has no such scope, a tower after the first that assigns one of the
     model's weights (other than those kerastower updates once per step) is
-    refused (`checks.refuse_assigned_weights`).
+    refused (`checks.refuse_assigned_weights`). Keras's global seed
+    generator is the step's (`StepState.global_seeds`) while open.
 
     Args:
         model: The `kerastower.TowerModel`.
@@ -183,6 +196,13 @@ def tower_reads(
         tower: The tower; defaults to the current replica context's (0
             outside `tf.distribute.Strategy.run`).
     """
+    with state.global_seeds.in_tower():
+        with _reads(model, variables, state, replicas, tower) as read:
+            yield read
+
+
+@contextlib.contextmanager
+def _reads(model, variables, state, replicas, tower) -> Iterator[list]:
     traced = None
     if tower is None:
         context = tf.distribute.get_replica_context()
@@ -195,7 +215,12 @@ def tower_reads(
         yield list(variables)
         return
     if not _keras_compat.RECORDS_ASSIGNMENTS:  # Keras 2: nothing is held
+        # A metric's updates are summed over the towers (`_keras_compat.
+        # scalar_means_weighted`); Keras 2 lists the variables of a metric
+        # the model holds (a `Mean` that `compute_loss` updates) in `weights`.
         own = _own_updates(model)
+        metrics = [m for m in model.metrics if isinstance(m, keras.metrics.Metric)]
+        own.update(id(v) for metric in metrics for v in metric.variables)
         weights = [v for v in model.weights if id(v) not in own]
         with _keras_compat.assignments_to(weights) as assigned:
             yield list(variables)

@@ -376,7 +376,9 @@ RESUMES = {
 @pytest.mark.parametrize("kind", sorted(RESUMES))
 def test_resume_matches_an_uninterrupted_run(tmp_path, uninterrupted, kind):
     if kind == "chief-keras" and HDF5_KERAS_FILES:
-        pytest.skip("Keras 2.12 writes .keras files as HDF5 (an error, tested above)")
+        pytest.skip(
+            "Keras 2.12 has no .keras format (it writes HDF5: an error, tested above)"
+        )
     reference, reference_history = uninterrupted
     crashed = tower_model()
     with pytest.raises(RuntimeError, match="simulated crash"):

@@ -28,21 +28,18 @@ class StepFunctionHooks:
     # With towers, XLA compiles each tower (`xla.compiled_in_towers`), not
     # the step that holds them all.
     def make_train_function(self, force=False):
-        seeds.prepare_global_seeds()
         with self._step_functions():
             made = super().make_train_function(force)
         self.train_function = self._outer_step(self.train_function, "train_step")
         return made
 
     def make_test_function(self, force=False):
-        seeds.prepare_global_seeds()
         with self._step_functions():
             made = super().make_test_function(force)
         self.test_function = self._outer_step(self.test_function, "test_step")
         return made
 
     def make_predict_function(self, force=False):
-        seeds.prepare_global_seeds()
         with self._step_functions():
             made = super().make_predict_function(force)
         self.predict_function = self._outer_step(self.predict_function, "predict_step")
@@ -60,6 +57,9 @@ class StepFunctionHooks:
         return tower_calls.OptimisedOnce(function)
 
     def _step_functions(self):
+        # Before Keras traces the step: a variable made while tracing would
+        # make it trace twice.
+        seeds.prepare_global_seeds()
         if self.num_towers > 1:
             return xla.functions_without_xla(self)
         return contextlib.nullcontext()

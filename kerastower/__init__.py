@@ -28,13 +28,14 @@ __all__ = [
     "multi_worker",
     "num_workers",
     "split_sizes",
+    "testing",
     "worker_index",
     "worker_strategy",
 ]
 
 # The command line imports what each subcommand needs itself (see `_startup`).
 if not _startup.started_as_command():
-    from kerastower import callbacks, cluster, evaluator, multi_worker
+    from kerastower import callbacks, cluster, evaluator, multi_worker, testing
     from kerastower.cluster import is_chief, is_multi_worker, num_workers, worker_index
     from kerastower.data import batch_for_towers
     from kerastower.devices import available_devices, configure_logical_devices

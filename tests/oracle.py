@@ -5,14 +5,13 @@ The models, data, comparisons and training runs that the tests share.
 
 from __future__ import annotations
 
-import contextlib
-
 import numpy as np
 import tensorflow as tf
-from keras_family import KERAS_2, KERAS_MINOR, keras
+from keras_family import KERAS_MINOR, keras
 
 import kerastower
 from kerastower.callbacks import GradientAccumulation
+from kerastower.testing import float_dtype
 
 __all__ = ["KERAS_MINOR", "keras"]  # besides what is defined here
 
@@ -181,26 +180,9 @@ class Crash(keras.callbacks.Callback):
             raise RuntimeError("simulated crash")
 
 
-@contextlib.contextmanager
 def float64():
     """Builds the models made in the block in float64 (floatx and dtype policy)."""
-    if KERAS_2:
-        backend, precision = keras.backend, keras.mixed_precision
-        get_policy, set_policy = precision.global_policy, precision.set_global_policy
-    else:
-        backend = keras.config
-        get_policy, set_policy = (
-            keras.config.dtype_policy,
-            keras.config.set_dtype_policy,
-        )
-    floatx, policy = backend.floatx(), get_policy()
-    backend.set_floatx("float64")
-    set_policy("float64")
-    try:
-        yield
-    finally:
-        backend.set_floatx(floatx)
-        set_policy(policy)
+    return float_dtype("float64")
 
 
 def mlp(inputs=5, hidden=7, outputs=1, seed=0, **dense_kwargs):

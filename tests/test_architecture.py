@@ -37,7 +37,7 @@ LAYERS = [
     ["kerastower.reduce."],  # every sum across towers, workers, replicas
     ["kerastower.step."],  # one step over this worker's towers
     ["kerastower.model", "kerastower.entry_points", "kerastower.data"],
-    ["kerastower.callbacks.", "kerastower.evaluator"],
+    ["kerastower.callbacks.", "kerastower.evaluator", "kerastower.testing."],
     ["kerastower", "kerastower._startup"],  # the public face
     ["kerastower.cli.", "kerastower.__main__"],  # the command line: a leaf
 ]

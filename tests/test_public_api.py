@@ -26,6 +26,7 @@ def test_top_level_names():
             "multi_worker",
             "num_workers",
             "split_sizes",
+            "testing",
             "worker_index",
             "worker_strategy",
         ]

@@ -21,6 +21,7 @@ import pytest
 
 import kerastower
 import kerastower.callbacks
+import kerastower.testing
 
 pytest.importorskip("mkdocs")
 pytest.importorskip("mkdocstrings")
@@ -33,6 +34,7 @@ API_PAGES = (
     "evaluator",
     "multi_worker",
     "launch",
+    "testing",
 )
 EXCEPTION = re.compile(r"\w*(Error|Exception|Exit|Warning|Interrupt)")
 
@@ -157,7 +159,9 @@ def _documented_ids(pages):
 
 
 @pytest.mark.parametrize(
-    "module", [kerastower, kerastower.callbacks], ids=lambda m: m.__name__
+    "module",
+    [kerastower, kerastower.callbacks, kerastower.testing],
+    ids=lambda m: m.__name__,
 )
 def test_every_public_name_is_in_the_reference(site, module):
     _, pages = site

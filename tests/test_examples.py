@@ -51,6 +51,11 @@ RUNS = {
     ),
     "plot_splitting.py": (["--out", "{tmp}/splitting.png"], "splitting.png"),
     "evaluator.py": (["--dir", "{tmp}"], "evaluated 3 checkpoints"),
+    # The guide "Check your own model"; each exits 1 on a wrong verdict.
+    "check_your_model/functional.py": ([], "float64, 3 towers"),
+    "check_your_model/subclassed.py": ([], "same as one device"),
+    "check_your_model/options.py": ([], "same as one device"),
+    "check_your_model/coupled_loss.py": ([], "global_batch_loss=True"),
 }
 COVERED_ELSEWHERE = {"multi_worker.py": "tests/test_multi_worker.py runs it"}
 
@@ -79,6 +84,9 @@ def run(args, timeout=300):
 
 def test_every_example_is_run():
     scripts = {p.name for p in EXAMPLES.glob("*.py")}
+    scripts |= {
+        f"check_your_model/{p.name}" for p in EXAMPLES.glob("check_your_model/*.py")
+    }
     assert scripts == set(RUNS) | set(COVERED_ELSEWHERE)
 
 

@@ -25,7 +25,10 @@ def float_dtype(dtype: str) -> Iterator[None]:
         set_policy = keras.mixed_precision.set_global_policy
     else:
         backend = keras.config
-        get_policy, set_policy = keras.config.dtype_policy, keras.config.set_dtype_policy
+        get_policy, set_policy = (
+            keras.config.dtype_policy,
+            keras.config.set_dtype_policy,
+        )
     floatx, policy = backend.floatx(), get_policy()
     backend.set_floatx(dtype)
     set_policy(dtype)

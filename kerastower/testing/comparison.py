@@ -26,18 +26,21 @@ DEFAULT_TOLERANCE = {"float64": 1e-10, "float32": 1e-5}
 class Comparison:
     """What `compare_with_one_device` measured.
 
-    Every difference is relative: ``max |towers - one device| / max |one
-    device|`` over a weight tensor, a history key's values or the
-    predictions, the largest of them.
+    Every difference is relative: ``max |towers - one device|`` over a
+    weight, a history key's values or the predictions, divided by one
+    device's largest weight (of any tensor), largest value of that key, or
+    largest prediction; the largest of them.
 
-    Attributes:
+    Args:
         dtype: The float dtype both runs trained in.
         towers: The towers' devices.
         steps: The optimizer steps each run took.
         weights: The largest relative difference of a weight tensor.
         worst_weight: The path of that weight.
         weights_absolute: ``max |w_towers - w_one_device|`` over all weights.
-        history: The largest relative difference of a `fit` history value.
+        history: The largest relative difference of a value in one device's
+            `fit` history (keys that the tower run's `callbacks` add are not
+            compared).
         predictions: The relative difference of `predict`'s outputs on `x`.
         yardstick: The largest of the three for one device against itself
             on reordered batches, or ``None`` when not measured.
@@ -70,9 +73,12 @@ class Comparison:
 
     @property
     def bound(self) -> float:
-        """The largest difference that is rounding: the tolerance, or
-        `YARDSTICK_FACTOR` yardsticks where that is more."""
-        return max(self.tolerance, YARDSTICK_FACTOR * (self.yardstick or 0.0))
+        """The largest difference that is rounding: in float64 the
+        tolerance; in float32 the tolerance or `YARDSTICK_FACTOR` yardsticks,
+        whichever is more."""
+        if self.dtype == "float64" or self.yardstick is None:
+            return self.tolerance
+        return max(self.tolerance, YARDSTICK_FACTOR * self.yardstick)
 
     @property
     def same(self) -> bool:
@@ -132,7 +138,9 @@ def compare_with_one_device(
     `yardstick`, a third model trains on one device on the same batches with
     each batch's examples in another order (`reorder_batches`): how far one
     device is from itself. The verdict, `Comparison.same`, accepts
-    differences up to `tolerance` or 10 yardsticks, whichever is larger.
+    differences up to `tolerance`, in float32 up to 10 yardsticks where that
+    is more: float64 rounding stays far below any real difference, float32
+    rounding after many steps is the machine's.
 
     Example:
 
@@ -184,8 +192,9 @@ def compare_with_one_device(
             `kerastower.callbacks.GradientAccumulation` on batches of
             `batch_size`, one device on batches of ``accumulation_steps *
             batch_size``. Defaults to ``None``: no accumulation.
-        tolerance: The relative difference accepted without a yardstick.
-            Defaults to ``1e-10`` in float64 and ``1e-5`` in float32.
+        tolerance: The relative difference accepted as rounding (in
+            float32, at least 10 yardsticks). Defaults to ``1e-10`` in float64
+            and ``1e-5`` in float32.
         seed: The seed set before each build. Defaults to 0.
         callbacks: More callbacks for the tower run's `fit`. Defaults to none.
         verbose: `fit`'s verbosity for the tower run. Defaults to 0.
@@ -330,9 +339,9 @@ def _build(build_model, towers, seed, x, expected: type) -> keras.Model:
     """``build_model(towers)`` after seeding, built on one example."""
     keras.utils.set_random_seed(seed)
     model = build_model(towers)
-    if not isinstance(model, expected) or model.optimizer is None:
+    if not isinstance(model, expected) or not _compiled(model):
         received = type(model).__name__
-        if isinstance(model, keras.Model) and model.optimizer is None:
+        if isinstance(model, keras.Model) and not _compiled(model):
             received += ", not compiled"
         raise ValueError(
             f"`build_model({towers!r})` must return a compiled "
@@ -344,23 +353,33 @@ def _build(build_model, towers, seed, x, expected: type) -> keras.Model:
 
 
 def _weight_differences(a: keras.Model, b: keras.Model) -> tuple[float, str, float]:
-    """The largest relative difference of a weight, its path, and the largest
-    absolute difference over all weights."""
+    """The largest difference of a weight relative to `b`'s largest weight,
+    that weight's path, and the largest absolute difference.
+
+    One scale for the whole model: a weight that stays near zero (a bias
+    without gradient, which Adam moves by rounding) measured against its
+    own size would turn rounding into a large relative difference.
+    """
+    pairs = [
+        (np.asarray(u.numpy()), np.asarray(v.numpy()), v)
+        for u, v in zip(a.weights, b.weights, strict=True)
+    ]
+    scale = max((float(np.max(np.abs(e))) for _, e, _ in pairs if e.size), default=0.0)
     worst, path, absolute = 0.0, "-", 0.0
-    for u, v in zip(a.weights, b.weights, strict=True):
-        actual, expected = np.asarray(u.numpy()), np.asarray(v.numpy())
-        if expected.size:
-            absolute = max(absolute, float(np.max(np.abs(actual - expected))))
-        relative = relative_difference(actual, expected)
+    for actual, expected, variable in pairs:
+        relative = relative_difference(actual, expected, scale)
         if not relative <= worst:  # NaN too
-            worst, path = relative, getattr(v, "path", None) or v.name
+            worst = relative
+            path = getattr(variable, "path", None) or variable.name
+    absolute = worst * scale if math.isfinite(worst) else worst
     return worst, path, absolute
 
 
 def _history_difference(actual: dict, expected: dict) -> float:
-    """The largest relative difference of a history key's values; ``inf``
-    when the keys differ."""
-    if sorted(actual) != sorted(expected):
+    """The largest relative difference of a value one device's history
+    holds; ``inf`` when the towers' lacks a key (callbacks of the tower run
+    may add keys of their own)."""
+    if not set(expected) <= set(actual):
         return math.inf
     return max(
         (relative_difference(actual[k], expected[k]) for k in expected), default=0.0
@@ -381,3 +400,9 @@ def _prediction_difference(a, b, x, batch_size, device) -> float:
         ),
         default=0.0,
     )
+
+
+def _compiled(model: keras.Model) -> bool:
+    """Whether `model` was compiled (Keras 3 sets the optimizer in `compile`
+    only)."""
+    return getattr(model, "optimizer", None) is not None

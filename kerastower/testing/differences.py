@@ -9,12 +9,21 @@ import numpy as np
 import tensorflow as tf
 
 
-def relative_difference(actual: Any, expected: Any) -> float:
-    """``max |actual - expected| / max |expected|`` over one array.
+def relative_difference(
+    actual: Any, expected: Any, scale: float | None = None
+) -> float:
+    """``max |actual - expected| / scale`` over one array.
 
-    0 for two empty or two all-zero arrays, ``inf`` for arrays of different
-    shapes or a difference from an all-zero `expected`, NaN where either
-    holds a NaN that the other does not.
+    Args:
+        actual: The array measured, any array-like.
+        expected: The array it should equal, of the same shape.
+        scale: What the difference is relative to. Defaults to ``None``:
+            ``max |expected|``.
+
+    Returns:
+        The relative difference: 0 for two empty arrays or equal ones of
+        scale 0, ``inf`` for arrays of different shapes or a difference at
+        scale 0, NaN where one array holds a NaN that the other does not.
     """
     a = np.asarray(actual, dtype=np.float64)
     b = np.asarray(expected, dtype=np.float64)
@@ -24,7 +33,8 @@ def relative_difference(actual: Any, expected: Any) -> float:
         return 0.0
     both_nan = np.isnan(a) & np.isnan(b)
     difference = float(np.max(np.where(both_nan, 0.0, np.abs(a - b))))
-    scale = float(np.max(np.where(both_nan, 0.0, np.abs(b))))
+    if scale is None:
+        scale = float(np.max(np.where(both_nan, 0.0, np.abs(b))))
     if scale == 0.0:
         return 0.0 if difference == 0.0 else math.inf
     return difference / scale

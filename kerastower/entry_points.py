@@ -16,10 +16,13 @@ from __future__ import annotations
 
 from typing import Any
 
+import tensorflow as tf
+
 from kerastower import heartbeats
 from kerastower._keras_compat.family import keras
 from kerastower.reduce.replicas import Replicas
 from kerastower.reduce.workers import BroadcastFromChief
+from kerastower.step import coupled_loss
 
 
 class EntryPoints:
@@ -47,12 +50,13 @@ class EntryPoints:
             kwargs["callbacks"] = first + user + ours
         try:
             return super().fit(*args, **kwargs)
-        except BaseException:
+        except BaseException as error:
             # Keras skips `on_train_end` when `fit` stops with an error: undo
             # `GradientAccumulation`'s step, or the next `fit` would
             # accumulate into a window nothing applies.
             if self.gradient_accumulator is not None:
                 self.gradient_accumulator = None
+            coupled_loss.raise_if_coupled(error)
             raise
 
     def evaluate(self, *args: Any, **kwargs: Any):
@@ -65,7 +69,11 @@ class EntryPoints:
 
     def train_on_batch(self, *args: Any, **kwargs: Any):
         self._copy_to_replicas()
-        return super().train_on_batch(*args, **kwargs)
+        try:
+            return super().train_on_batch(*args, **kwargs)
+        except tf.errors.InvalidArgumentError as error:
+            coupled_loss.raise_if_coupled(error)
+            raise
 
     def test_on_batch(self, *args: Any, **kwargs: Any):
         self._copy_to_replicas()

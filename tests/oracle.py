@@ -5,13 +5,15 @@ The models, data, comparisons and training runs that the tests share.
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import tensorflow as tf
 from keras_family import KERAS_MINOR, keras
 
 import kerastower
 from kerastower.callbacks import GradientAccumulation
-from kerastower.testing import float_dtype
+from kerastower.testing import float_dtype, reorder_batches
 
 __all__ = ["KERAS_MINOR", "keras"]  # besides what is defined here
 
@@ -38,6 +40,31 @@ def max_weight_diff(a: keras.Model, b: keras.Model) -> float:
 # `assert_allclose`'s default rtol=1e-7 (tests/test_tolerances.py checks this).
 RTOL = 1e-5
 ATOL = 1e-6
+
+
+# `KERASTOWER_TEST_REORDER=1` simulates a CPU whose float32 rounding differs:
+# the one-device model trains on each batch's examples in another order (the
+# same math, summed in another order), the towers on the data as given.
+REORDER = os.environ.get("KERASTOWER_TEST_REORDER") == "1"
+
+
+def plain_fit_data(x, y, fit):
+    """``(x, y, fit)`` for the one-device model: under `REORDER`, arrays cut in
+    order (no shuffle, no validation split) reordered within each batch.
+
+    Datasets, generators and other data come back as given.
+    """
+    weight = fit.get("sample_weight")
+    leaves = [leaf for leaf in tf.nest.flatten((x, y, weight)) if leaf is not None]
+    if (
+        not REORDER
+        or fit.get("shuffle", True)
+        or fit.get("validation_split")
+        or not all(isinstance(leaf, np.ndarray) for leaf in leaves)
+    ):
+        return x, y, fit
+    x, y, weight = reorder_batches((x, y, weight), fit.get("batch_size") or 32)
+    return x, y, fit | dict(sample_weight=weight)
 
 
 def assert_close(actual, expected, rtol=RTOL, atol=ATOL, err_msg=""):
@@ -81,9 +108,12 @@ def fit_twins(build, x, y, compile_kwargs, towers=3, tower_kwargs=None, **fit):
     plain, towered = twin(build, towers, **(tower_kwargs or {}))
     fit = dict(shuffle=False, verbose=0) | fit
     histories = []
-    for model in (plain, towered):
+    for model, (xs, ys, kwargs) in (
+        (plain, plain_fit_data(x, y, fit)),
+        (towered, (x, y, fit)),
+    ):
         model.compile(**compile_kwargs())
-        histories.append(model.fit(x, y, **fit).history)
+        histories.append(model.fit(xs, ys, **kwargs).history)
     return plain, towered, tuple(histories)
 
 
@@ -157,7 +187,10 @@ def fit_accumulated_and_plain(
         ``(plain_history, towered_history)`` as `History.history` dicts.
     """
     fit = dict(epochs=epochs, shuffle=False, verbose=0)
-    big = plain.fit(x, y, batch_size=steps * batch_size, **fit)
+    big_x, big_y, big_fit = plain_fit_data(
+        x, y, fit | dict(batch_size=steps * batch_size)
+    )
+    big = plain.fit(big_x, big_y, **big_fit)
     accumulated = towered.fit(
         x,
         y,

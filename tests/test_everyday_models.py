@@ -405,7 +405,10 @@ def test_a_stateful_rnn_is_refused_with_a_clear_error(method):
         getattr(model, method)(*args, batch_size=6, verbose=0)
 
 
-def test_a_stateful_rnn_trains_on_one_tower_as_on_one_device():
+def test_a_stateful_rnn_trains_on_one_tower_as_on_one_device(monkeypatch):
+    # Row i of a batch starts from the state row i of the batch before left:
+    # reordering each batch's rows another way would train another model.
+    monkeypatch.setattr("oracle.REORDER", False)
     x = RNG.normal(size=(24, 5, 2)).astype("float32")
     y = RNG.normal(size=(24, 1)).astype("float32")
 

@@ -36,7 +36,7 @@ from kerastower.reduce.gradients import (
     sum_gradients,
     traced_static_rows,
 )
-from kerastower.step import layer_updates
+from kerastower.step import coupled_loss, layer_updates
 from kerastower.step.shards import (
     concat_nest,
     first_leaf,
@@ -73,6 +73,7 @@ class TowerStep:
         self.eager_static_rows = EagerStaticRows()
         self.loss = StepLoss(model)
         self.runs = TowerRuns(model, self.loss, replicas)
+        self.coupled = coupled_loss.CoupledLossCheck(model)
 
     # -- one step ---------------------------------------------------------
 
@@ -131,13 +132,18 @@ class TowerStep:
             warnings.warn(
                 "The model does not have any trainable weights.", stacklevel=2
             )
-        elif accumulator is not None:
-            # Micro-batches weigh by their examples on all workers together.
-            accumulator.accumulate(
-                gradients, global_batch_size, model.optimizer, self.static_rows
-            )
         else:
-            model.optimizer.apply_gradients(zip(gradients, trainable))
+            # The first step's check of the loss comes before any update.
+            gradients = coupled_loss.after(
+                self.coupled.check(y, y_pred, batch_size), gradients
+            )
+            if accumulator is not None:
+                # Micro-batches weigh by their examples on all workers together.
+                accumulator.accumulate(
+                    gradients, global_batch_size, model.optimizer, self.static_rows
+                )
+            else:
+                model.optimizer.apply_gradients(zip(gradients, trainable))
 
         def update_metrics():
             # Keras 2's compiled loss updates ``loss`` itself (`StepLoss`).

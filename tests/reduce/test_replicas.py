@@ -11,6 +11,7 @@ from oracle import (
     assert_same_history,
     assert_same_weights,
     mlp,
+    plain_fit_data,
     regression_data,
     twin,
 )
@@ -35,7 +36,11 @@ def fit_pair(plain, towered, x, y, callbacks=lambda: [], **kwargs):
     kwargs.setdefault("verbose", 0)
     kwargs.setdefault("shuffle", False)
     return [
-        m.fit(x, y, callbacks=callbacks(), **kwargs).history for m in (plain, towered)
+        model.fit(xs, ys, callbacks=callbacks(), **fit).history
+        for model, (xs, ys, fit) in (
+            (plain, plain_fit_data(x, y, kwargs)),
+            (towered, (x, y, kwargs)),
+        )
     ]
 
 

@@ -10,12 +10,11 @@ predictions, and the gradients flow back to the tower that made each one.
 import numpy as np
 import pytest
 import tensorflow as tf
-from keras_family import keras
+from keras_family import keras, keras3_only
 from oracle import (
     fit_and_compare,
-    fit_twins,
-    max_weight_diff,
     padded_sequences,
+    twin,
 )
 
 import kerastower
@@ -67,12 +66,14 @@ def test_an_in_batch_contrastive_loss_trains_as_one_device(batch_size, replicate
     )
 
 
-def test_without_the_option_the_shards_loss_differs():
-    # What the option fixes: each shard's loss is not the batch's.
-    plain, towered, _ = fit_twins(
-        encoder, X, LABELS, contrastive_compile, towers=3, batch_size=6, epochs=2
-    )
-    assert max_weight_diff(plain, towered) > 1e-3
+@keras3_only
+def test_without_the_option_the_first_step_refuses_the_loss():
+    # Each shard's loss is not the batch's: the first step finds it
+    # (`kerastower.step.coupled_loss`) and names the option.
+    plain, towered = twin(encoder, 3)
+    towered.compile(**contrastive_compile())
+    with pytest.raises(ValueError, match="global_batch_loss=True"):
+        towered.fit(X, LABELS, batch_size=6, epochs=2, verbose=0)
 
 
 def test_sample_weights_are_gathered_with_the_predictions():

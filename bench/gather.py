@@ -9,7 +9,9 @@ same towers, interleaved, in one process on 4 logical CPUs:
 
 - ``plain``: a `keras.Model` on one device (the oracle);
 - ``shards``: `TowerModel(towers=4)`, each tower's loss on its shard (fast,
-  but not one device's model for this loss);
+  but not one device's model for this loss: compiled, the first step
+  refuses it, so it is computed in a `compute_loss` of the model's own,
+  which the first step does not check);
 - ``gathered``: `TowerModel(towers=4, global_batch_loss=True)`.
 
 The ratio ``gathered / shards`` is the price of exactness here. Logical CPUs
@@ -56,12 +58,30 @@ def _build(variant: str):
     h = keras.layers.Dense(WIDTH, activation="relu")(inputs)
     h = keras.layers.Dense(WIDTH, activation="relu")(h)
     model = keras.Model(inputs, keras.layers.Dense(EMBEDDING)(h))
-    if variant != "plain":
+    if variant == "shards":
+        model = _shard_loss_class().from_model(model, towers=4)
+        model.compile(optimizer="adam")
+        return model
+    if variant == "gathered":
         model = kerastower.TowerModel.from_model(
-            model, towers=4, global_batch_loss=variant == "gathered"
+            model, towers=4, global_batch_loss=True
         )
     model.compile(optimizer="adam", loss=in_batch_contrastive)
     return model
+
+
+def _shard_loss_class():
+    import keras
+
+    import kerastower
+
+    class ShardLoss(kerastower.TowerModel):
+        """The contrastive loss of each tower's shard, in `compute_loss`."""
+
+        def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None, **_):
+            return keras.ops.mean(in_batch_contrastive(y, y_pred))
+
+    return ShardLoss
 
 
 def run(batch: int, steps: int, repeats: int, log=print) -> dict[str, Any]:

@@ -237,3 +237,17 @@ def test_trace_once_mechanisms_take_the_same_step(tmp_path):
         assert sync["step_ops"] < rows["copies"]["step_ops"] / 2
     assert rows["plain"]["total_ratio"] == 1.0
     assert "| convbn | once_noinline | 2 |" in (tmp_path / "trace_once.md").read_text()
+
+
+@pytest.mark.slow
+def test_loss_check_quick_run_times_both_variants(tmp_path):
+    process = run_bench("bench.loss_check", "--quick", "--out", str(tmp_path))
+    assert process.returncode == 0, process.stderr[-3000:]
+    result = json.loads((tmp_path / "loss_check.json").read_text())
+    assert set(result["ms_per_step"]) == {"checked", "unchecked"}
+    for name, times in result["raw_ms"].items():
+        assert len(times) == 2 and all(t > 0 for t in times), name
+    checked, unchecked = result["raw_ms"]["checked"], result["raw_ms"]["unchecked"]
+    expected = statistics.median(c / u for c, u in zip(checked, unchecked))
+    assert result["ratios"]["steady"] == round(expected, 3)
+    assert "| steady step |" in (tmp_path / "loss_check.md").read_text()

@@ -61,11 +61,20 @@ class EntryPoints:
 
     def evaluate(self, *args: Any, **kwargs: Any):
         self._copy_to_replicas()
-        return super().evaluate(*args, **kwargs)
+        return super().evaluate(*args, **self._with_replica_reads(kwargs))
 
     def predict(self, *args: Any, **kwargs: Any):
         self._copy_to_replicas()
-        return super().predict(*args, **kwargs)
+        return super().predict(*args, **self._with_replica_reads(kwargs))
+
+    def _with_replica_reads(self, kwargs: dict) -> dict:
+        """`kwargs` with `ReplicaReads` after the user's callbacks (a list;
+        `fit`'s own list, for validation, holds `SyncReplicas`)."""
+        replicas = self._tower_step.replicas
+        callbacks = kwargs.get("callbacks")
+        if replicas is None or isinstance(callbacks, keras.callbacks.CallbackList):
+            return kwargs
+        return kwargs | {"callbacks": [*(callbacks or []), ReplicaReads(replicas)]}
 
     def train_on_batch(self, *args: Any, **kwargs: Any):
         self._copy_to_replicas()
@@ -95,11 +104,36 @@ class EntryPoints:
         return result
 
 
-class SyncReplicas(keras.callbacks.Callback):
-    """Makes and syncs a `TowerModel`'s replicas when `fit` begins.
+class ReplicaReads(keras.callbacks.Callback):
+    """Copies the model's weights to its replicas as evaluation and
+    prediction begin and end, after the user's callbacks.
+
+    A callback may change the weights there (`SwapEMAWeights` swaps the
+    moving averages in as `evaluate` begins and back as it ends): every tower
+    then evaluates what the first one does, and training goes on from the
+    weights the callbacks restored.
+
+    Args:
+        replicas: The model's `Replicas`.
+    """
+
+    def __init__(self, replicas: Replicas):
+        super().__init__()
+        self.replicas = replicas
+
+    def _copy(self, logs=None):
+        self.replicas.copy_weights(self.model.trainable_weights)
+
+    on_test_begin = on_test_end = on_predict_begin = on_predict_end = _copy
+
+
+class SyncReplicas(ReplicaReads):
+    """Makes and syncs a `TowerModel`'s replicas when `fit` begins, and
+    copies the weights to them around its validation (`ReplicaReads`).
 
     `TowerModel.fit` adds it after the user's callbacks, so it sees weights
-    that theirs restored (`BackupAndRestore`, a resumed checkpoint).
+    that theirs restored (`BackupAndRestore`, a resumed checkpoint) or
+    swapped in for validation.
 
     Args:
         replicas: The model's `Replicas`.
@@ -111,8 +145,7 @@ class SyncReplicas(keras.callbacks.Callback):
     """
 
     def __init__(self, replicas: Replicas, builtin_step: bool = True):
-        super().__init__()
-        self.replicas = replicas
+        super().__init__(replicas)
         self.builtin_step = builtin_step
 
     def on_train_begin(self, logs=None):

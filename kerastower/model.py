@@ -130,7 +130,15 @@ class TowerModel(EntryPoints, _keras_compat.TrainerHooks, keras.Model):
     """
 
     def __new__(cls, *args: Any, **kwargs: Any):
-        if functional_init_arguments(args, kwargs) and not issubclass(cls, Functional):
+        # As `keras.Model.__new__`: a class whose `__init__` is TowerModel's
+        # takes ``(inputs, outputs)``; one with an `__init__` of its own
+        # (``VAE(encoder, decoder)``) takes its own arguments, and becomes
+        # functional only if it passes inputs and outputs on (`__init__`).
+        if (
+            cls.__init__ is TowerModel.__init__
+            and functional_init_arguments(args, kwargs)
+            and not issubclass(cls, Functional)
+        ):
             return super().__new__(_functional_class(cls, args))
         return super().__new__(cls)
 

@@ -202,3 +202,42 @@ def test_swap_ema_weights_validates_with_the_moving_averages(replicas):
         )
     assert_same_history(*histories)
     assert_same_weights(plain, towered)
+
+
+@pytest.mark.parametrize("replicas", [False, True])
+def test_discriminative_learning_rates_with_an_optimizer_map(replicas):
+    # The replicas' copies were named `kernel`, `bias` without the layer's
+    # path, so the clone's map sent every copy to the default optimizer:
+    # "optimizer state shapes..." on the GPU default path.
+    if not hasattr(keras.optimizers, "OptimizerMap"):
+        pytest.skip(f"Keras {keras.__version__} has no OptimizerMap")
+    rng = np.random.default_rng(2)
+    x = rng.normal(size=(29, 5)).astype("float32")
+    y = np.tanh(x[:, :1])
+
+    def optimizer():
+        mapping = keras.optimizers.OptimizerMap(keras.optimizers.SGD(0.01))
+        mapping["body/.*"] = keras.optimizers.Adam(0.003)
+        return keras.optimizers.MultiOptimizer(mapping)
+
+    def build(towers=None):
+        keras.utils.set_random_seed(0)
+        inputs = keras.Input((5,))
+        h = keras.layers.Dense(8, activation="tanh", name="body")(inputs)
+        outputs = keras.layers.Dense(1, name="head")(h)
+        if towers is None:
+            return keras.Model(inputs, outputs)
+        return kerastower.TowerModel(
+            inputs, outputs, towers=towers, replicate_variables=replicas
+        )
+
+    plain, towered = build(), build(3)
+    towered.set_weights(plain.get_weights())
+    histories = []
+    for model in (plain, towered):
+        model.compile(optimizer=optimizer(), loss="mse")
+        histories.append(
+            model.fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=0).history
+        )
+    assert_same_history(*histories)
+    assert_same_weights(plain, towered)

@@ -10,7 +10,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from oracle import max_weight_diff, mlp, regression_data
+from oracle import max_weight_diff, mlp, plain_fit_data, regression_data
 
 import kerastower
 
@@ -30,7 +30,8 @@ def train_three_ways(examples, batch_size, replicas, epochs=2):
     for model in (reference, mirrored, towers):
         model.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
     fit = dict(batch_size=batch_size, epochs=epochs, shuffle=False, verbose=0)
-    reference.fit(x, y, **fit)
+    xs, ys, reference_fit = plain_fit_data(x, y, fit)
+    reference.fit(xs, ys, **reference_fit)
     towers.fit(x, y, **fit)
     try:
         mirrored.fit(x, y, **fit)

@@ -171,18 +171,16 @@ def per_output_loss_metrics(model) -> list:
     return list(_attribute(compile_loss, "_metrics", "CompileLoss") or [])
 
 
-def _first_batch(iterator):
-    """The first batch of a Keras epoch iterator, as Keras's build takes it.
+def _batch_spec(iterator):
+    """The specs of a batch of Keras's TensorFlow epoch iterator, without
+    drawing one: the ``element_spec`` of the dataset the epoch reads (each
+    batch's structure, shapes and dtypes, all `_symbolic_build` reads of a
+    batch)."""
+    dataset = _attribute(iterator, "_distributed_dataset", "TFEpochIterator")
+    return _attribute(dataset, "element_spec", "TFEpochIterator._distributed_dataset")
 
-    Keras 3.11 and later yield ``(begin_step, end_step, data)``, Keras 3.10
-    ``(step, iterator)``: the data is the last item either way.
-    """
-    for item in iterator:
-        data_or_iterator = item[-1]
-        if isinstance(data_or_iterator, (list, tuple)):
-            return data_or_iterator[0]
-        return next(data_or_iterator)
-    raise StopIteration
+
+_OPTIONAL = (tf.experimental.Optional, tf.OptionalSpec)
 
 
 class TrainerHooks(StepFunctionHooks):
@@ -204,16 +202,18 @@ class TrainerHooks(StepFunctionHooks):
         # Keras defers building loss and metric state to the first trace,
         # which for towers would happen inside the tower strategy. The build
         # calls the model once more than one device does: the step's trace
-        # does not repeat the warnings shown here (`warn_once`).
+        # does not repeat the warnings shown here (`warn_once`). It builds
+        # from the batches' specs, not from a batch: drawing one would start
+        # a `PyDataset`'s workers, or consume a shuffle, one device does not.
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             try:
                 if data_batch is None:
-                    data_batch = _first_batch(iterator)
+                    data_batch = _batch_spec(iterator)
                 # Keras's step turns optional inputs (`None` from a generator)
                 # back into `None`; the build must see them so too.
                 data_batch = tf.nest.map_structure(
-                    lambda t: None if isinstance(t, tf.experimental.Optional) else t,
+                    lambda t: None if isinstance(t, _OPTIONAL) else t,
                     data_batch,
                 )
                 self._symbolic_build(data_batch=data_batch)

@@ -57,6 +57,7 @@ all-reduced sum (`Replicas.reduce`).
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -155,10 +156,7 @@ class Replicas:
                 self._tokens.append(tf.Variable(0.0, trainable=False))
         for device in self.devices[1:]:
             with tf.device(device):
-                copies = [
-                    keras.Variable(tf.identity(v.value), dtype=v.dtype, name=v.name)
-                    for v in variables
-                ]
+                copies = [_copy_of(v) for v in variables]
                 for v, copy in zip(variables, copies):
                     # The clone applies it after each update, as Keras does.
                     copy.constraint = v.constraint
@@ -353,3 +351,15 @@ class Replicas:
                 if len(state.shape) == 0:  # iterations, learning rate, scale
                     state.assign(primary.value)
             clone.apply_gradients(zip(gradients, [copies[j] for j in indices]))
+
+
+def _copy_of(variable: keras.Variable) -> keras.Variable:
+    """A new variable of `variable`'s value, name and path: an optimizer that
+    picks by path (`keras.optimizers.MultiOptimizer`'s `OptimizerMap`,
+    `exclude_from_weight_decay`) treats the copy as the variable."""
+    with contextlib.ExitStack() as scopes:
+        for part in variable.path.split("/")[:-1]:  # one scope per level
+            scopes.enter_context(keras.name_scope(part))
+        return keras.Variable(
+            tf.identity(variable.value), dtype=variable.dtype, name=variable.name
+        )

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 from keras_family import KERAS_2, keras, keras3_only
-from oracle import KERAS_MINOR, assert_close, mlp, regression_data
+from oracle import KERAS_MINOR, assert_close, mlp, plain_fit_data, regression_data
 
 import kerastower
 from kerastower import scaling
@@ -221,9 +221,11 @@ def test_towers_match_one_device_with_the_same_global_batch():
     for model, per_tower in ((plain, 8), (towered, 4)):
         model.compile(optimizer=keras.optimizers.SGD(), loss="mse")
         cb = BatchScaling(per_tower, 0.05, 4, warmup_epochs=1)
-        model.fit(
-            x, y, batch_size=8, epochs=2, shuffle=False, verbose=0, callbacks=[cb]
+        kwargs = dict(batch_size=8, epochs=2, shuffle=False, verbose=0, callbacks=[cb])
+        xs, ys, kwargs = (
+            plain_fit_data(x, y, kwargs) if model is plain else (x, y, kwargs)
         )
+        model.fit(xs, ys, **kwargs)
         assert cb.target_learning_rate == pytest.approx(0.1)
     for u, v in zip(plain.get_weights(), towered.get_weights(), strict=True):
         assert_close(u, v)

@@ -26,6 +26,7 @@ from oracle import (
     assert_close,
     assert_same_history,
     assert_same_weights,
+    plain_fit_data,
     twin,
 )
 
@@ -334,20 +335,14 @@ def check_family(setup):
         replicate_variables=setup["replicate_variables"],
         global_batch_loss=setup["global_batch_loss"],
     )
+    fit |= dict(batch_size=setup["batch_size"], epochs=2, shuffle=False, verbose=0)
     histories = []
-    for m in (plain, towered):
+    for m, (xs, ys, kwargs) in (
+        (plain, plain_fit_data(x, y, fit)),
+        (towered, (x, y, fit)),
+    ):
         m.compile(**compile_kwargs(setup))
-        histories.append(
-            m.fit(
-                x,
-                y,
-                batch_size=setup["batch_size"],
-                epochs=2,
-                shuffle=False,
-                verbose=0,
-                **fit,
-            ).history
-        )
+        histories.append(m.fit(xs, ys, **kwargs).history)
     assert_same_history(*histories)
     assert_same_weights(plain, towered)
     batch = setup["batch_size"]

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 from keras_family import KERAS_2, keras, keras3_only
-from oracle import assert_close, float64, regression_data
+from oracle import assert_close, float64, plain_fit_data, regression_data
 
 import kerastower
 import kerastower.step.tower_step
@@ -152,14 +152,12 @@ class TowerStep(KerasIoStep, kerastower.TowerModel):
         return self.tower_gradients(loss_fn, variables, *tensors, has_aux=True)
 
 
-def fit(model, x, y, run_eagerly=False):
-    model.compile(
-        optimizer=keras.optimizers.Adam(0.05),
-        loss="mse",
-        metrics=["mae"],
-        run_eagerly=run_eagerly,
-    )
-    return model.fit(x, y, batch_size=5, epochs=2, shuffle=False, verbose=0).history
+def fit(model, x, y, oracle=False):
+    """Fits on x, y; the `oracle` (one device) on `plain_fit_data`'s."""
+    model.compile(optimizer=keras.optimizers.Adam(0.05), loss="mse", metrics=["mae"])
+    kwargs = dict(batch_size=5, epochs=2, shuffle=False, verbose=0)
+    x, y, kwargs = plain_fit_data(x, y, kwargs) if oracle else (x, y, kwargs)
+    return model.fit(x, y, **kwargs).history
 
 
 @pytest.mark.parametrize("mask_zero", [True, False], ids=["masked", "unmasked"])
@@ -170,7 +168,7 @@ def test_custom_step_with_compiled_loss_and_embeddings_equals_one_device(mask_ze
         # The step calls `tower_gradients` through a helper of its own.
         warnings.filterwarnings("ignore", message=".*not split across towers")
         towered = TowerStep(*token_model(mask_zero), towers=4)
-    expected, history = fit(plain, x, y), fit(towered, x, y)
+    expected, history = fit(plain, x, y, oracle=True), fit(towered, x, y)
     # Keras 2 builds the compiled metrics only when they are first updated
     # (`compiled_metrics.update_state`): `self.metrics` holds the loss alone.
     assert sorted(history) == sorted(expected) == ["loss"] + ["mae"] * (not KERAS_2)
@@ -237,19 +235,18 @@ def batch_norm_model():
 
 def test_batch_normalization_in_loss_fn_sees_the_global_batch():
     x, y = regression_data(n=23)
+    fit = dict(batch_size=7, epochs=2, shuffle=False, verbose=0)
     histories, weights = [], []
-    for cls, kwargs in (
-        (PlainMeanSquared, {}),
-        (TowerMeanSquared, {"towers": 4}),
-        (TowerMeanSquared, {"towers": 4, "sync_batch_norm": False}),
+    for cls, kwargs, (xs, ys, fit_kwargs) in (
+        (PlainMeanSquared, {}, plain_fit_data(x, y, fit)),
+        (TowerMeanSquared, {"towers": 4}, (x, y, fit)),
+        (TowerMeanSquared, {"towers": 4, "sync_batch_norm": False}, (x, y, fit)),
     ):
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=".*not split across towers")
             model = cls(*batch_norm_model(), **kwargs)
         model.compile(optimizer=keras.optimizers.Adam(0.01))
-        histories.append(
-            model.fit(x, y, batch_size=7, epochs=2, shuffle=False, verbose=0).history
-        )
+        histories.append(model.fit(xs, ys, **fit_kwargs).history)
         weights.append(model.get_weights())
     assert_close(histories[1]["loss"], histories[0]["loss"])
     for a, b in zip(weights[1], weights[0], strict=True):

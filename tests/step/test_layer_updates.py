@@ -19,7 +19,7 @@ from keras_family import (
     keras3_only_until_ported,
     spectral_normalization,
 )
-from oracle import assert_same_history, assert_same_weights, twin
+from oracle import assert_same_history, assert_same_weights, plain_fit_data, twin
 
 import kerastower
 from kerastower import _keras_compat
@@ -46,12 +46,13 @@ def spectral_model():
     return keras.Model(inputs, keras.layers.Dense(1)(h))
 
 
-def fit(model, batch_size=10, **kwargs):
+def fit(model, batch_size=10, oracle=False, **kwargs):
+    """Fits on X, Y; the `oracle` (one device) on `plain_fit_data`'s."""
     # Batches of 10, 10 and 2: the last is smaller than 3 towers, so it
     # runs whole on the first tower.
-    return model.fit(
-        X, Y, batch_size=batch_size, epochs=2, shuffle=False, verbose=0, **kwargs
-    ).history
+    kwargs |= dict(batch_size=batch_size, epochs=2, shuffle=False, verbose=0)
+    x, y, kwargs = plain_fit_data(X, Y, kwargs) if oracle else (X, Y, kwargs)
+    return model.fit(x, y, **kwargs).history
 
 
 @spectral_normalization
@@ -63,7 +64,7 @@ def test_spectral_normalization_updates_once_per_step(towers, run_eagerly):
     towered.compile(
         optimizer=keras.optimizers.Adam(0.01), loss="mse", run_eagerly=run_eagerly
     )
-    assert_same_history(fit(plain), fit(towered))
+    assert_same_history(fit(plain, oracle=True), fit(towered))
     assert_same_weights(plain, towered)  # vector_u included
     assert towered.evaluate(X, Y, batch_size=7, verbose=0) == pytest.approx(
         plain.evaluate(X, Y, batch_size=7, verbose=0), rel=1e-5
@@ -75,7 +76,7 @@ def test_spectral_normalization_with_replicas():
     plain, towered = twin(spectral_model, 3, replicate_variables=True)
     for model in (plain, towered):
         model.compile(optimizer=keras.optimizers.SGD(0.05, momentum=0.9), loss="mse")
-    assert_same_history(fit(plain), fit(towered))
+    assert_same_history(fit(plain, oracle=True), fit(towered))
     assert_same_weights(plain, towered)
     # Every replica holds the normalised kernels the primary holds.
     replicas = towered._tower_step.replicas
@@ -95,7 +96,8 @@ def test_spectral_normalization_with_accumulation():
     histories = []
     for model in (one, three):
         model.compile(optimizer=keras.optimizers.Adam(0.01), loss="mse")
-        histories.append(fit(model, batch_size=4, callbacks=[GradientAccumulation(2)]))
+        accumulation = [GradientAccumulation(2)]
+        histories.append(fit(model, 4, oracle=model is one, callbacks=accumulation))
     assert_same_history(*histories)
     assert_same_weights(one, three)
 
@@ -130,7 +132,7 @@ def test_spectral_normalization_in_a_custom_step():
     towered = Regressor(source.inputs, source.outputs, towers=3)
     for model in (plain, towered):
         model.compile(optimizer=keras.optimizers.Adam(0.01))
-    assert_same_history(fit(plain), fit(towered))
+    assert_same_history(fit(plain, oracle=True), fit(towered))
     assert_same_weights(plain, towered)
 
 
@@ -185,7 +187,7 @@ def test_a_layer_assigning_in_training_assigns_once_per_step(
     plain, towered = twin(counter_model, towers, replicate_variables=replicate)
     plain.compile(optimizer="sgd", loss="mse")
     towered.compile(optimizer="sgd", loss="mse", run_eagerly=run_eagerly)
-    assert_same_history(fit(plain), fit(towered))
+    assert_same_history(fit(plain, oracle=True), fit(towered))
     assert_same_weights(plain, towered)
     calls = [w for w in towered.weights if w.path.endswith("calls")]
     assert [float(c.numpy()) for c in calls] == [6.0]  # 3 steps an epoch, 2 epochs
@@ -360,7 +362,7 @@ def test_a_running_sum_over_the_batch_is_one_devices_in_fit_evaluate_and_predict
         model.compile(optimizer="sgd", loss="mse", metrics=["mae"])
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        histories = [fit(m, batch_size=5) for m in (plain, towered)]
+        histories = [fit(m, 5, oracle=m is plain) for m in (plain, towered)]
         assert_same_history(*histories)
         for phase in ("fit", "evaluate", "predict"):
             if phase == "evaluate":
@@ -426,7 +428,7 @@ def test_keras_2_trains_a_forward_pass_that_assigns_a_weight_on_one_tower():
     plain, towered = twin(counter_model, 1)
     plain.compile(optimizer="sgd", loss="mse")
     towered.compile(optimizer="sgd", loss="mse")
-    assert_same_history(fit(plain), fit(towered))
+    assert_same_history(fit(plain, oracle=True), fit(towered))
     assert_same_weights(plain, towered)
     calls = [w for w in towered.weights if "calls" in w.name]
     assert [float(c.numpy()) for c in calls] == [6.0]

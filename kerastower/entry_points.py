@@ -22,7 +22,7 @@ from kerastower import heartbeats
 from kerastower._keras_compat.family import keras
 from kerastower.reduce.replicas import Replicas
 from kerastower.reduce.workers import BroadcastFromChief
-from kerastower.step import coupled_loss
+from kerastower.step import checks, coupled_loss
 
 
 class EntryPoints:
@@ -42,7 +42,9 @@ class EntryPoints:
         replicas = self._tower_step.replicas
         if replicas is not None:
             builtin = type(self).train_step is self._tower_train_step
-            ours.append(SyncReplicas(replicas, builtin))
+            user = kwargs.get("callbacks") or []
+            each_batch = any(map(_may_assign_as_batches_begin, user))
+            ours.append(SyncReplicas(replicas, builtin, each_batch))
         # The launcher's heartbeat goes first, before the user's may hang.
         first = list(filter(None, [heartbeats.heartbeat_callback()]))
         if ours or first:
@@ -142,16 +144,56 @@ class SyncReplicas(ReplicaReads):
             ``train_step`` of the user's applies its gradients itself, to
             the model's variables: its replicas are made without clones and
             refreshed in each step (`kerastower.step.custom_step`).
+        each_batch: Whether to copy the weights as every training batch
+            begins, after the user's callbacks, for one that may assign
+            them there (`_may_assign_as_batches_begin`); else as every
+            epoch begins only.
     """
 
-    def __init__(self, replicas: Replicas, builtin_step: bool = True):
+    def __init__(
+        self, replicas: Replicas, builtin_step: bool = True, each_batch: bool = False
+    ):
         super().__init__(replicas)
         self.builtin_step = builtin_step
+        self.each_batch = each_batch
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._copy()
+
+    def on_train_batch_begin(self, batch, logs=None):
+        if self.each_batch:
+            self._copy()
 
     def on_train_begin(self, logs=None):
         variables = self.model.trainable_weights
+        checks.check_no_overwritten_gradients(self.model, variables)
         if variables and not self.builtin_step:
             self.replicas.ensure(variables)
         elif variables and self.model.optimizer:
             self.replicas.ensure(variables, self.model.optimizer)
         self.replicas.sync()
+
+
+# Callbacks of Keras's own that hook a batch's beginning without changing
+# the weights.
+_READS_ONLY = (
+    keras.callbacks.TensorBoard,
+    keras.callbacks.ProgbarLogger,
+    keras.callbacks.History,
+)
+
+
+def _may_assign_as_batches_begin(callback: keras.callbacks.Callback) -> bool:
+    """Whether a user's callback has an ``on_train_batch_begin`` (or
+    ``on_batch_begin``) of its own, where it may assign the weights: then
+    the replicas copy them at every batch, as tower 0 reads them."""
+    if isinstance(callback, _READS_ONLY):
+        return False
+    if type(callback).__module__.startswith("kerastower."):
+        return False  # kerastower's callbacks assign no weight there
+    base = keras.callbacks.Callback
+    return any(
+        name in vars(callback)
+        or getattr(type(callback), name) is not getattr(base, name)
+        for name in ("on_train_batch_begin", "on_batch_begin")
+    )

@@ -241,3 +241,72 @@ def test_discriminative_learning_rates_with_an_optimizer_map(replicas):
         )
     assert_same_history(*histories)
     assert_same_weights(plain, towered)
+
+
+class HalveKernelEachBatch(keras.callbacks.Callback):
+    """Assigns a weight as every training batch begins (a hand-made
+    constraint): the towers must all train from the assigned value."""
+
+    def on_train_batch_begin(self, batch, logs=None):
+        kernel = self.model.layers[1].kernel
+        kernel.assign(kernel * 0.5)
+
+
+class ShiftBiasEachEpoch(keras.callbacks.Callback):
+    def on_epoch_begin(self, epoch, logs=None):
+        bias = self.model.layers[2].bias
+        bias.assign(bias + 0.25)
+
+
+@pytest.mark.parametrize("callback", [HalveKernelEachBatch, ShiftBiasEachEpoch])
+@pytest.mark.parametrize("replicas", [False, True])
+def test_weights_a_callback_assigns_during_training_reach_every_tower(
+    callback, replicas
+):
+    rng = np.random.default_rng(4)
+    x = rng.normal(size=(29, 5)).astype("float32")
+    y = np.tanh(x[:, :1])
+    plain, towered = regressor(), regressor(3, replicate_variables=replicas)
+    towered.set_weights(plain.get_weights())
+    histories = []
+    for model in (plain, towered):
+        model.compile(optimizer="sgd", loss="mse")
+        histories.append(
+            model.fit(
+                x,
+                y,
+                batch_size=8,
+                epochs=2,
+                shuffle=False,
+                verbose=0,
+                callbacks=[callback()],
+            ).history
+        )
+    assert_same_history(*histories)
+    assert_same_weights(plain, towered)
+
+
+def float8_model(towers):
+    keras.utils.set_random_seed(0)
+    inputs = keras.Input((8,))
+    h = keras.layers.Dense(16, activation="relu")(inputs)
+    model = kerastower.TowerModel(inputs, keras.layers.Dense(4)(h), towers=towers)
+    model.quantize("float8")
+    model.compile(optimizer="adam", loss="mse")
+    return model
+
+
+@pytest.mark.parametrize("replicas", [False, True])
+def test_float8_training_is_refused_on_towers(replicas):
+    # Summed over towers, each scale became N times one device's and each
+    # amax history the towers' sum (1.4e5 off after one step, measured).
+    x = np.random.default_rng(5).normal(size=(12, 8)).astype("float32")
+    y = x[:, :4]
+    model = float8_model(3)
+    if replicas:
+        model = kerastower.TowerModel.from_model(model, replicate_variables=True)
+        model.compile(optimizer="adam", loss="mse")
+    with pytest.raises(ValueError, match=r"overwrite_with_gradient.*towers=1"):
+        model.fit(x, y, batch_size=6, verbose=0)
+    one = float8_model(1)
+    one.fit(x, y, batch_size=6, verbose=0)  # one tower trains as one device

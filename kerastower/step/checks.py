@@ -147,6 +147,35 @@ def warn_if_state_kept(paths: list[str]) -> None:
     )
 
 
+def check_no_overwritten_gradients(model: keras.Model, variables: list) -> None:
+    """Refuses variables whose "gradient" is their next value, on towers.
+
+    float8 training (``model.quantize("float8")``) keeps scales and amax
+    histories in variables made with ``overwrite_with_gradient=True``: the
+    optimizer assigns the gradient instead of applying it. Towers sum their
+    gradients, so every scale would become ``N`` times one device's and
+    every amax history the towers' sum instead of the batch's maximum.
+
+    Raises:
+        ValueError: If a variable of `variables` has
+            ``overwrite_with_gradient`` set and the step runs on several
+            towers or workers.
+    """
+    overwritten = [
+        v.path for v in variables if getattr(v, "overwrite_with_gradient", False)
+    ]
+    if overwritten:
+        raise ValueError(
+            "Towers sum their gradients, and the variables "
+            f"{overwritten[:3]}{' ...' if len(overwritten) > 3 else ''} take "
+            "their gradient as their next value (`overwrite_with_gradient`, "
+            'as float8 training with `model.quantize("float8")` makes them): '
+            "summed, they would differ from one device's. Train this model "
+            "with `towers=1`. Received: towers="
+            f"{model.num_towers}, workers={model.num_workers}"
+        )
+
+
 def check_gathered_steps(model: keras.Model) -> None:
     """Raises if a step on several workers that gathers the batch would loop.
 

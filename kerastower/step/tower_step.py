@@ -36,7 +36,7 @@ from kerastower.reduce.gradients import (
     sum_gradients,
     traced_static_rows,
 )
-from kerastower.step import coupled_loss, layer_updates
+from kerastower.step import checks, coupled_loss, layer_updates
 from kerastower.step.shards import (
     concat_nest,
     first_leaf,
@@ -109,6 +109,7 @@ class TowerStep:
                     else traced
                 )
         else:
+            checks.check_no_overwritten_gradients(model, trainable)
             replicas = self.replicas
             if replicas is not None:
                 replicas.ensure(trainable, model.optimizer)
@@ -242,6 +243,7 @@ class TowerStep:
         `update_replicas`, left as they are; the gradients returned are
         tower 0's.
         """
+        checks.check_no_overwritten_gradients(self.model, variables)
         connected: list[int] = []
         rows_inside: dict[int, bool] = {}
 

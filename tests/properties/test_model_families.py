@@ -55,7 +55,20 @@ OPTIMIZERS = {
     "adam": lambda: keras.optimizers.Adam(0.01),
     "adagrad": lambda: keras.optimizers.Adagrad(0.05),
     "rmsprop_clip": lambda: keras.optimizers.RMSprop(0.01, clipnorm=0.5),
+    # Moving averages: `fit` ends by assigning them to the weights.
+    "sgd_ema": lambda: keras.optimizers.SGD(0.05, use_ema=True, ema_momentum=0.5),
 }
+
+
+def discriminative_rates():
+    """Kernels on Adam, everything else on SGD: an `OptimizerMap` by path."""
+    mapping = keras.optimizers.OptimizerMap(keras.optimizers.SGD(0.05))
+    mapping[".*kernel"] = keras.optimizers.Adam(0.01)
+    return keras.optimizers.MultiOptimizer(mapping)
+
+
+if hasattr(keras.optimizers, "OptimizerMap"):  # Keras 3.13 and newer
+    OPTIMIZERS["multi_optimizer_map"] = discriminative_rates
 
 
 def tokens(rng, n, padded):
@@ -357,3 +370,38 @@ def check_family(setup):
     ]
     for a, b in zip(*predictions, strict=True):
         assert_close(b, a)
+
+
+@pytest.mark.parametrize(
+    "optimizer",
+    [
+        "sgd_ema",
+        pytest.param(
+            "multi_optimizer_map",
+            marks=pytest.mark.skipif(
+                "multi_optimizer_map" not in OPTIMIZERS, reason="no OptimizerMap"
+            ),
+        ),
+    ],
+)
+@pytest.mark.parametrize(
+    "replicate_variables",
+    [False, pytest.param(True, marks=keras3_only_until_ported("replicas"))],
+)
+def test_every_optimizer_family_is_drawn(optimizer, replicate_variables):
+    # The property draws 12 examples: these families run here whatever it draws.
+    check_family(
+        dict(
+            family="dense",
+            loss_kind="mean",
+            mask=False,
+            optimizer=optimizer,
+            towers=3,
+            batch_size=7,
+            samples=20,
+            seed=3,
+            replicate_variables=replicate_variables,
+            global_batch_loss=False,
+            jit_compile=False,
+        )
+    )

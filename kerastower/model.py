@@ -130,15 +130,10 @@ class TowerModel(EntryPoints, _keras_compat.TrainerHooks, keras.Model):
     """
 
     def __new__(cls, *args: Any, **kwargs: Any):
-        # As `keras.Model.__new__`: a class whose `__init__` is TowerModel's
-        # takes ``(inputs, outputs)``; one with an `__init__` of its own
-        # (``VAE(encoder, decoder)``) takes its own arguments, and becomes
-        # functional only if it passes inputs and outputs on (`__init__`).
-        if (
-            cls.__init__ is TowerModel.__init__
-            and functional_init_arguments(args, kwargs)
-            and not issubclass(cls, Functional)
-        ):
+        # An `__init__` of its own (``VAE(encoder, decoder)``) has its own args.
+        own_init = cls.__init__ is not TowerModel.__init__
+        functional = functional_init_arguments(args, kwargs) and not own_init
+        if functional and not issubclass(cls, Functional):
             return super().__new__(_functional_class(cls, args))
         return super().__new__(cls)
 
@@ -241,8 +236,7 @@ class TowerModel(EntryPoints, _keras_compat.TrainerHooks, keras.Model):
         return self._tower_strategy
 
     def _builds_before_towers(self) -> bool:
-        """Whether Keras must build losses and metrics before the first step
-        (not while tracing it, inside the tower strategy)."""
+        """Whether Keras builds losses and metrics before the first step."""
         return self.num_towers > 1 or self.num_workers > 1
 
     @property
@@ -262,11 +256,8 @@ class TowerModel(EntryPoints, _keras_compat.TrainerHooks, keras.Model):
 
     def train_step(self, data):
         checks.check_optimizer(self.optimizer)
-        if (
-            self.num_towers == 1
-            and self.gradient_accumulator is None
-            and self.num_workers == 1
-        ):
+        one = self.num_towers == 1 and self.num_workers == 1
+        if one and self.gradient_accumulator is None:
             with tf.device(self._tower_devices[0]):
                 return super().train_step(data)
         return self._tower_step.train(data)

@@ -217,88 +217,45 @@ def compare_with_one_device(
     if accumulation_steps is not None:
         _check_positive("accumulation_steps", accumulation_steps)
     with float_dtype(dtype):
-        return _compare(
-            build_model,
-            *_cast((x, y, sample_weight), dtype),
-            towers=towers,
-            batch_size=batch_size,
-            epochs=epochs,
-            dtype=dtype,
-            yardstick=yardstick,
-            accumulation_steps=accumulation_steps,
-            tolerance=tolerance,
-            seed=seed,
-            callbacks=callbacks,
-            verbose=verbose,
-        )
-
-
-def _compare(
-    build_model,
-    x,
-    y,
-    sample_weight,
-    *,
-    towers,
-    batch_size,
-    epochs,
-    dtype,
-    yardstick,
-    accumulation_steps,
-    tolerance,
-    seed,
-    callbacks,
-    verbose,
-) -> Comparison:
-    """`compare_with_one_device` on data cast to `dtype`, inside its scope."""
-    one_batch = batch_size * (accumulation_steps or 1)
-    tower_model = _build(build_model, towers, seed, x, TowerModel)
-    one_device = _build(build_model, 1, seed, x, keras.Model)
-    initial = tower_model.get_weights()
-    one_device.set_weights(initial)
-    data = dict(x=x, y=y, sample_weight=sample_weight)
-    fit = dict(epochs=epochs, shuffle=False)
-    tower_callbacks = list(callbacks)
-    if accumulation_steps is not None:
-        tower_callbacks.append(GradientAccumulation(accumulation_steps))
-    device = tf.device(tower_model.tower_devices[0])
-    seconds = {}
-    start = time.perf_counter()
-    tower_history = tower_model.fit(
-        x,
-        y,
-        sample_weight=sample_weight,
-        batch_size=batch_size,
-        callbacks=tower_callbacks,
-        verbose=verbose,
-        **fit,
-    ).history
-    seconds["towers"] = time.perf_counter() - start
-    with device:
-        start = time.perf_counter()
-        history = one_device.fit(**data, batch_size=one_batch, verbose=0, **fit).history
-        seconds["one_device"] = time.perf_counter() - start
-    weights, worst, absolute = _weight_differences(tower_model, one_device)
-    history_difference = _history_difference(tower_history, history)
-    prediction = _prediction_difference(tower_model, one_device, x, batch_size, device)
-    measured = None
-    if yardstick:
-        reordered = _build(build_model, 1, seed, x, keras.Model)
-        reordered.set_weights(initial)
+        x, y, sample_weight = _cast((x, y, sample_weight), dtype)
+        data = dict(x=x, y=y, sample_weight=sample_weight, epochs=epochs, shuffle=False)
+        one_batch = batch_size * (accumulation_steps or 1)
+        tower_model = _build(build_model, towers, seed, x, TowerModel)
+        initial = tower_model.get_weights()
+        one_device = _build(build_model, 1, seed, x, keras.Model, initial)
+        device = tf.device(tower_model.tower_devices[0])
+        if accumulation_steps is not None:
+            callbacks = [*callbacks, GradientAccumulation(accumulation_steps)]
+        runs = {
+            "towers": _fit(
+                tower_model,
+                data,
+                batch_size=batch_size,
+                callbacks=list(callbacks),
+                verbose=verbose,
+            ),
+        }
         with device:
-            start = time.perf_counter()
-            other = reordered.fit(
-                **reorder_batches(data, one_batch),
-                batch_size=one_batch,
-                verbose=0,
-                **fit,
-            ).history
-            seconds["yardstick"] = time.perf_counter() - start
-        measured = max(
-            _weight_differences(reordered, one_device)[0],
-            _history_difference(other, history),
-            _prediction_difference(reordered, one_device, x, batch_size, device),
+            runs["one_device"] = _fit(one_device, data, batch_size=one_batch)
+        weights, worst, absolute = _weight_differences(tower_model, one_device)
+        differences = (
+            weights,
+            _history_difference(runs["towers"][0], runs["one_device"][0]),
+            _prediction_difference(tower_model, one_device, x, batch_size, device),
         )
+        measured = None
+        if yardstick:
+            reordered = _build(build_model, 1, seed, x, keras.Model, initial)
+            with device:
+                data |= reorder_batches(
+                    {k: data[k] for k in ("x", "y", "sample_weight")}, one_batch
+                )
+                runs["yardstick"] = _fit(reordered, data, batch_size=one_batch)
+            measured = max(
+                _weight_differences(reordered, one_device)[0],
+                _history_difference(runs["yardstick"][0], runs["one_device"][0]),
+                _prediction_difference(reordered, one_device, x, batch_size, device),
+            )
     return Comparison(
         dtype=dtype,
         towers=tower_model.tower_devices,
@@ -306,14 +263,22 @@ def _compare(
         weights=weights,
         worst_weight=worst,
         weights_absolute=absolute,
-        history=history_difference,
-        predictions=prediction,
+        history=differences[1],
+        predictions=differences[2],
         yardstick=measured,
         tolerance=DEFAULT_TOLERANCE[dtype] if tolerance is None else tolerance,
-        seconds=seconds,
+        seconds={name: seconds for name, (_, seconds) in runs.items()},
         tower_model=tower_model,
         one_device_model=one_device,
     )
+
+
+def _fit(model: keras.Model, data: dict, **kwargs: Any) -> tuple[dict, float]:
+    """``model.fit(**data, **kwargs)``: its history and its seconds."""
+    kwargs.setdefault("verbose", 0)
+    start = time.perf_counter()
+    history = model.fit(**data, **kwargs).history
+    return history, time.perf_counter() - start
 
 
 def _check_positive(name: str, value: Any) -> None:
@@ -335,8 +300,9 @@ def _cast(data: Any, dtype: str) -> Any:
     return tf.nest.map_structure(cast, data)
 
 
-def _build(build_model, towers, seed, x, expected: type) -> keras.Model:
-    """``build_model(towers)`` after seeding, built on one example."""
+def _build(build_model, towers, seed, x, expected: type, weights=None):
+    """``build_model(towers)`` after seeding, built on one example, with
+    `weights` if given."""
     keras.utils.set_random_seed(seed)
     model = build_model(towers)
     if not isinstance(model, expected) or not _compiled(model):
@@ -349,6 +315,8 @@ def _build(build_model, towers, seed, x, expected: type) -> keras.Model:
         )
     if not model.built:
         model(tf.nest.map_structure(lambda a: a[:1], x), training=False)
+    if weights is not None:
+        model.set_weights(weights)
     return model
 
 

@@ -20,17 +20,14 @@ share the machine's cores: a ratio, not a speed.
 
 from __future__ import annotations
 
-import argparse
-import json
 import platform
 import statistics
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_OUT = ROOT / "bench" / "results"
+from bench.timing import interleaved_main
+
 FEATURES, WIDTH, EMBEDDING = 32, 256, 64
 
 
@@ -154,25 +151,7 @@ def markdown(result: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.gather")
-    parser.add_argument("--batch", type=int, default=128)
-    parser.add_argument("--steps", type=int, default=50)
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
-    parser.add_argument("--quick", action="store_true", help="2 repeats of 5 steps")
-    args = parser.parse_args(argv)
-    if args.quick:
-        args.steps, args.repeats = 5, 2
-
-    import kerastower
-
-    kerastower.configure_logical_devices(4)
-    result = run(args.batch, args.steps, args.repeats)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "gather.json").write_text(json.dumps(result, indent=1) + "\n")
-    (args.out / "gather.md").write_text(markdown(result) + "\n")
-    print(markdown(result))
-    return 0
+    return interleaved_main("gather", run, markdown, argv, steps=50)
 
 
 if __name__ == "__main__":

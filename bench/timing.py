@@ -14,12 +14,15 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import keras
 import numpy as np
 
 from bench.workloads import Variant, Workload, build_variant, describe_error
+
+RESULTS = Path(__file__).resolve().parent / "results"
 
 
 class StepTimer(keras.callbacks.Callback):
@@ -176,3 +179,42 @@ def paired_ratio(suite: dict[str, Any], numerator: str, denominator: str) -> dic
         walls = [u / v for u, v in zip(a["epoch_wall_s"], b["epoch_wall_s"])]
         ratio["epoch_wall_ratio"] = float(np.median(walls))
     return ratio
+
+
+def interleaved_main(
+    name: str,
+    run: Any,
+    markdown: Any,
+    argv: list[str] | None = None,
+    steps: int = 50,
+    out: Path | None = None,
+) -> int:
+    """The command line of ``python -m bench.NAME``, a benchmark that times
+    its variants interleaved in one process on 4 logical CPUs.
+
+    Parses ``--batch``, ``--steps``, ``--repeats``, ``--out`` and ``--quick``
+    (2 repeats of 5 steps), runs ``run(batch, steps, repeats)``, and writes
+    its result to ``NAME.json`` and ``markdown(result)`` to ``NAME.md``.
+    """
+    import argparse
+    import json
+
+    parser = argparse.ArgumentParser(prog=f"python -m bench.{name}")
+    parser.add_argument("--batch", type=int, default=128)
+    parser.add_argument("--steps", type=int, default=steps)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--out", type=Path, default=out or RESULTS)
+    parser.add_argument("--quick", action="store_true", help="2 repeats of 5 steps")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.steps, args.repeats = 5, 2
+
+    import kerastower
+
+    kerastower.configure_logical_devices(4)
+    result = run(args.batch, args.steps, args.repeats)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / f"{name}.json").write_text(json.dumps(result, indent=1) + "\n")
+    (args.out / f"{name}.md").write_text(markdown(result) + "\n")
+    print(markdown(result))
+    return 0

@@ -305,6 +305,17 @@ def test_model_families_match_one_device(setup):
     check_family(setup)
 
 
+# A setup the drawn ones vary around, for the cases that must run.
+FIXED = dict(
+    loss_kind="mean",
+    towers=3,
+    batch_size=7,
+    samples=20,
+    seed=3,
+    global_batch_loss=False,
+)
+
+
 @pytest.mark.parametrize(
     "family, optimizer",
     [("conv_stack", "sgd"), ("embedding", "adam"), ("lstm_tagger", "adam")],
@@ -317,17 +328,12 @@ def test_xla_per_tower_matches_one_device(family, optimizer, replicate_variables
     # Under XLA each tower's forward and backward pass is compiled on its
     # device (tests/step/test_xla_towers.py); one device compiles its step.
     check_family(
-        dict(
+        FIXED
+        | dict(
             family=family,
-            loss_kind="mean",
             mask=True,
             optimizer=optimizer,
-            towers=3,
-            batch_size=7,
-            samples=20,
-            seed=3,
             replicate_variables=replicate_variables,
-            global_batch_loss=False,
             jit_compile=True,
         )
     )
@@ -391,17 +397,12 @@ def check_family(setup):
 def test_every_optimizer_family_is_drawn(optimizer, replicate_variables):
     # The property draws 12 examples: these families run here whatever it draws.
     check_family(
-        dict(
+        FIXED
+        | dict(
             family="dense",
-            loss_kind="mean",
             mask=False,
             optimizer=optimizer,
-            towers=3,
-            batch_size=7,
-            samples=20,
-            seed=3,
             replicate_variables=replicate_variables,
-            global_batch_loss=False,
             jit_compile=False,
         )
     )

@@ -522,12 +522,10 @@ def _footer(run: list[dict], what: str) -> list[str]:
     if not run:
         return []
     dates = sorted({r["date"] for r in run})
-    commits = sorted({r["commit"] for r in run})
+    # The commits stay in bench/results/matrix.json; the page gives the dates.
     return [
         "",
-        f"Run {dates[0]}"
-        + (f" to {dates[-1]}" if len(dates) > 1 else "")
-        + f" on commit {', '.join(commits)}, Python "
+        f"Run {dates[0]}" + (f" to {dates[-1]}" if len(dates) > 1 else "") + ", Python "
         f"{', '.join(sorted({r['python'] for r in run}))}, {what}; "
         f"{sum(r['seconds'] for r in run) // 60} minutes of tests in all.",
     ]

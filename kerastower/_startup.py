@@ -2,7 +2,8 @@
 
 TensorFlow fixes its devices and its cluster when its runtime starts (the
 first op, variable or model), so `import kerastower` settles both first
-(`prepare_process`):
+(`prepare_process`), once it has refused a ``$KERAS_BACKEND`` other than
+TensorFlow:
 
 - the logical CPUs that ``kerastower launch --towers`` asks for through
   ``$KERASTOWER_LOGICAL_DEVICES`` (`kerastower.devices.configure_from_environment`);
@@ -47,10 +48,16 @@ def prepare_process() -> None:
     command line.
 
     Raises:
+        ImportError: If ``$KERAS_BACKEND`` sets Keras 3 to a backend other
+            than TensorFlow.
         ValueError: If ``$KERASTOWER_LOGICAL_DEVICES`` is not an integer >= 1.
     """
     if started_as_command():
         return
+    from kerastower import _installed_keras
+
+    # Before TensorFlow, whose import imports Keras on that backend.
+    _installed_keras.check_backend_variable()
     from kerastower import devices, multi_worker
 
     devices.configure_from_environment()

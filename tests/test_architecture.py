@@ -20,6 +20,7 @@ LAYERS = [
     # The fence around private Keras and TensorFlow, and plain-Python helpers.
     [
         "kerastower._keras_compat.",
+        "kerastower._installed_keras",
         "kerastower.cluster",
         "kerastower.worker_configs",
         "kerastower.slurm",

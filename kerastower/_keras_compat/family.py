@@ -10,6 +10,12 @@ model of the Keras the user's own code builds layers with:
   (the public API of the ``keras`` package, ``keras.api._v2.keras``: on
   2.12, ``import keras`` gives the package's internals instead).
 
+The rule itself is `kerastower._installed_keras`'s, which ``kerastower
+--version`` applies to package metadata without importing TensorFlow. Keras 3
+must run on its TensorFlow backend: another one, set by ``$KERAS_BACKEND`` or
+Keras's ``keras.json``, is refused with an `ImportError` that says how to
+switch.
+
 `keras` is that module, imported by every kerastower module that uses Keras,
 and `KERAS_FAMILY` its major version, 2 or 3. What differs between the two
 families is reached through `kerastower._keras_compat` only.
@@ -19,45 +25,55 @@ from __future__ import annotations
 
 import importlib
 import os
-import re
+import sys
 from types import ModuleType
 
 import tensorflow as tf
 
-# `tf.keras` reads the same variable with the same values (TensorFlow's
-# `_KerasLazyLoader`).
-LEGACY_VARIABLE = "TF_USE_LEGACY_KERAS"
-_LEGACY_VALUES = ("true", "True", "1")
+from kerastower import _installed_keras as installed
 
-
-def _release(version: str) -> tuple[int, ...]:
-    return tuple(int(re.match(r"\d*", part)[0] or 0) for part in version.split(".")[:2])
-
-
-def legacy_requested() -> bool:
-    """Whether ``$TF_USE_LEGACY_KERAS`` asks `tf.keras` for `tf_keras`."""
-    return os.environ.get(LEGACY_VARIABLE) in _LEGACY_VALUES
+_release = installed.release
 
 
 def _keras_in_use() -> ModuleType:
-    if _release(tf.__version__) >= (2, 15) and legacy_requested():
+    if installed.uses_tf_keras(tf.__version__):
         try:
             import tf_keras
         except ImportError as error:
-            raise ImportError(
-                f"`{LEGACY_VARIABLE}` asks for Keras 2 through the `tf_keras` "
-                "package, which is not installed: install the one of your "
-                f"TensorFlow ({tf.__version__}) with `pip install "
-                f"'tf_keras~={'.'.join(tf.__version__.split('.')[:2])}.0'`, or "
-                f"unset `{LEGACY_VARIABLE}` for Keras 3."
-            ) from error
+            raise installed.missing_tf_keras(tf.__version__) from error
         return tf_keras
-    import keras
-
+    try:
+        import keras
+    except (ImportError, ValueError) as error:
+        # Keras 3 imports its backend's package at once: the error names
+        # `jax` or `torch`, not the setting that asked for it.
+        unsupported = _unsupported_backend()
+        if unsupported is None:
+            raise
+        raise unsupported from error
     if _release(keras.__version__) < (3,):
         # What `tf.keras` is, without its lazy loader.
         return importlib.import_module("keras.api._v2.keras")
+    unsupported = _unsupported_backend()
+    if unsupported is not None:
+        raise unsupported
     return keras
+
+
+def _unsupported_backend() -> ImportError | None:
+    """The error to raise unless Keras 3 runs on TensorFlow, naming what set
+    its backend (``$KERAS_BACKEND`` or Keras's configuration file)."""
+    # Keras 3's configuration: imported before its backend, so there even when
+    # the backend's import failed. (`keras.config.backend` is the same
+    # function, once Keras is imported.)
+    config = sys.modules.get("keras.src.backend.config")
+    if config is None or config.backend() == installed.SUPPORTED_BACKEND:
+        return None
+    if os.environ.get(installed.BACKEND_VARIABLE):
+        where = installed.BACKEND_VARIABLE
+    else:
+        where = os.path.join(config.keras_home(), "keras.json")
+    return installed.unsupported_backend(config.backend(), where)
 
 
 keras = _keras_in_use()
@@ -73,10 +89,10 @@ KERAS_DISTRIBUTION = "tf_keras" if keras.__name__.startswith("tf_keras") else "k
 def describe() -> str:
     """``"Keras 3.15.1"``, ``"Keras 2.15.0 (tf.keras)"`` or ``"Keras 2.21.0
     (tf_keras)"``: the Keras in use, for messages and ``--version``."""
-    if KERAS_FAMILY >= 3:
-        return f"Keras {KERAS_VERSION}"
-    source = "tf_keras" if KERAS_DISTRIBUTION == "tf_keras" else "tf.keras"
-    return f"Keras {KERAS_VERSION} ({source})"
+    return installed.describe(
+        KERAS_VERSION,
+        installed.source(KERAS_VERSION, tf_keras=KERAS_DISTRIBUTION == "tf_keras"),
+    )
 
 
 # The class of a model's weights: `keras.Variable` (Keras 3) or

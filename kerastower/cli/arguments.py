@@ -32,12 +32,14 @@ def as_flags(error: Exception) -> str:
 
 class Parser(argparse.ArgumentParser):
     """An `ArgumentParser` whose error for an unknown flag suggests the
-    closest one of the command given."""
+    closest flag of the parser that read it, and says where a flag of the
+    ``kerastower`` command given after a subcommand goes."""
 
     def __init__(self, *args, **kwargs):
         self.flags: list[str] = []
         self.commands: dict[str, Parser] = {}
         self.active: str | None = None
+        self.argv: list[str] = []
         super().__init__(*args, **kwargs)
 
     def add_argument(self, *args, **kwargs):
@@ -45,21 +47,56 @@ class Parser(argparse.ArgumentParser):
         self.flags += [flag for flag in action.option_strings if flag.startswith("--")]
         return action
 
+    def parse_known_args(self, args=None, namespace=None):
+        if args is not None and not self.argv:
+            self.argv = list(args)
+        return super().parse_known_args(args, namespace)
+
     def error(self, message: str):
         command = self.commands.get(self.active or "")
-        if message.startswith("unrecognized arguments:") and "(did you" not in message:
-            known = self.flags + (command.flags if command else [])
-            unknown = [a.split("=")[0] for a in message.split()[2:] if a[:2] == "--"]
-            hints = [
-                match
-                for flag in unknown
-                for match in difflib.get_close_matches(flag, known, n=1, cutoff=0.6)
-            ]
-            if hints:
-                message += f" (did you mean {', '.join(hints)}?)"
-        if command is not None:
-            command.error(message)
-        super().error(message)
+        if command is None and message.startswith("the following arguments"):
+            # argparse checks for the command before it reports what it did
+            # not recognise: `kerastower --bogus` would only miss a command.
+            unknown = [a for a in self.argv if a[:1] == "-" and not self._known(a)]
+            if unknown:
+                message = f"unrecognized arguments: {' '.join(unknown)}"
+        if message.startswith("unrecognized arguments:"):
+            message += self._hints(message.split()[2:], command)
+        # The subcommand's usage, with the message as it stands.
+        argparse.ArgumentParser.error(command or self, message)
+
+    def _known(self, arg: str) -> bool:
+        """Whether `arg` is a flag of this parser, or an abbreviation of one."""
+        flag = arg.split("=")[0]
+        return flag in ("-h", "--help") or any(f.startswith(flag) for f in self.flags)
+
+    def _hints(self, unknown: list[str], command: Parser | None) -> str:
+        """What to say of each unknown flag: the closest flag of the parser
+        that read it (this one before the subcommand, the subcommand's after
+        it), or where a flag of this parser given after the subcommand goes."""
+        after = (
+            self.argv[self.argv.index(self.active) + 1 :]
+            if command is not None and self.active in self.argv
+            else []
+        )
+        hints = []
+        for arg in unknown:
+            flag = arg.split("=")[0]
+            if flag[:2] != "--":
+                continue
+            if arg in after and flag in self.flags:
+                hints.append(
+                    f"an option of {self.prog}, not of {self.active}: put it "
+                    f"before the command, as in `{self.prog} {flag} "
+                    f"{self.active} ...`"
+                )
+                continue
+            known = {f[2:]: f for f in (command.flags if arg in after else self.flags)}
+            # Compared without the "--" that every flag shares.
+            match = difflib.get_close_matches(flag[2:], known, n=1, cutoff=0.6)
+            if match:
+                hints.append(f"did you mean {known[match[0]]}?")
+        return f" ({'; '.join(hints)})" if hints else ""
 
 
 def positive_int(text: str) -> int:

@@ -15,64 +15,23 @@ imports TensorFlow.
 
 The command starts quietly: TensorFlow's start-up log (oneDNN, CPU features,
 absl) is left out unless ``--verbose`` is given, so the first line printed is
-kerastower's own.
+kerastower's own (`kerastower.cli.quiet_tensorflow`).
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import sys
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 
-from kerastower.cli import arguments, launch_command
+from kerastower import _installed_keras as installed_keras
+from kerastower.cli import arguments, launch_command, quiet_tensorflow
 
 DEFAULT_CPU_TOWERS = 4
 DEFAULT_TOLERANCE = 1e-10
 VERBOSE_FLAG = "--verbose"
-
-
-@contextlib.contextmanager
-def _stderr_held_back() -> Iterator[None]:
-    """Sends file descriptor 2 to a temporary file; shows it only on an error.
-
-    TensorFlow's C++ libraries write their start-up lines to the process's
-    standard error directly (absl logs everything that comes before its
-    initialisation, whatever ``TF_CPP_MIN_LOG_LEVEL`` says), so
-    redirecting ``sys.stderr`` would not catch them.
-    """
-    sys.stderr.flush()
-    saved = os.dup(2)
-    with tempfile.TemporaryFile(mode="w+b") as held:
-        os.dup2(held.fileno(), 2)
-        try:
-            yield
-        except BaseException:
-            os.dup2(saved, 2)
-            held.seek(0)
-            sys.stderr.write(held.read().decode(errors="replace"))
-            raise
-        finally:
-            sys.stderr.flush()
-            os.dup2(saved, 2)
-            os.close(saved)
-
-
-def _import_tensorflow(verbose: bool) -> None:
-    """Imports TensorFlow without its start-up log, unless `verbose`.
-
-    Sets ``TF_CPP_MIN_LOG_LEVEL=3`` (where the environment does not set it)
-    and imports TensorFlow with the process's standard error held back; if
-    the import fails, what TensorFlow wrote is shown with the error. Does
-    nothing once TensorFlow is imported.
-    """
-    if "tensorflow" in sys.modules or verbose:
-        return
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-    with _stderr_held_back():
-        import tensorflow  # noqa: F401
 
 
 def _parser() -> arguments.Parser:
@@ -80,9 +39,10 @@ def _parser() -> arguments.Parser:
         prog="kerastower",
         description="Train one Keras model on several devices, exactly.",
         epilog=(
-            "Exit status: 0 on success, 2 for a usage error; `demo` exits 1 "
-            "when the towers differ from one device, `launch` with the first "
-            "failed worker's status."
+            "Exit status: 0 on success, 1 when the machine lacks what was asked "
+            "for (--device gpu without a GPU), 2 for a usage error; `demo` "
+            "exits 1 also when the towers differ from one device, `launch` "
+            "with the first failed worker's status."
         ),
     )
     parser.add_argument("--version", action=_VersionAction)
@@ -101,7 +61,8 @@ def _parser() -> arguments.Parser:
         ),
         epilog=(
             "Exit status: 0 when the towers match one device in float64 "
-            "within --tolerance, 1 when they do not, 2 for a usage error."
+            "within --tolerance, 1 when they do not (or the machine lacks what "
+            "was asked for: --device gpu without a GPU), 2 for a usage error."
         ),
     )
     _add_device_arguments(demo, f"{DEFAULT_CPU_TOWERS} logical CPUs")
@@ -115,7 +76,10 @@ def _parser() -> arguments.Parser:
         help="the global batch size, all towers together (default: 30)",
     )
     demo.add_argument(
-        "--seed", type=int, default=0, help="seed for data order and weights"
+        "--seed",
+        type=int,
+        default=0,
+        help="seed for data order and weights (default: 0)",
     )
     demo.add_argument(
         "--log-dir",
@@ -167,7 +131,8 @@ def _command(argv: Sequence[str]) -> str | None:
 
 
 class _VersionAction(argparse.Action):
-    """``--version``, which loads TensorFlow only when it is given."""
+    """``--version``: the versions package metadata names, without importing
+    TensorFlow (imported only where the metadata does not say)."""
 
     def __init__(self, option_strings: Sequence[str], dest: str, **kwargs):
         kwargs.update(nargs=0, default=argparse.SUPPRESS)
@@ -175,20 +140,28 @@ class _VersionAction(argparse.Action):
         super().__init__(option_strings, argparse.SUPPRESS, **kwargs)
 
     def __call__(self, parser, namespace, values, option_string=None):
-        _import_tensorflow(VERBOSE_FLAG in sys.argv[1:])
-        print(_version_line())
+        print(_version_line(installed_keras.installed_versions()))
         parser.exit()
 
 
-def _version_line() -> str:
-    import tensorflow as tf
+def _version_line(versions: tuple[str, str] | None = None) -> str:
+    """``kerastower 0.1.0 (TensorFlow 2.21.0, Keras 3.15.1)``.
 
+    Args:
+        versions: TensorFlow's version and the Keras description, as
+            `kerastower._installed_keras.installed_versions` reads them; or
+            ``None`` for those of the TensorFlow and Keras imported.
+    """
     from kerastower import __version__
-    from kerastower._keras_compat import family
 
-    return (
-        f"kerastower {__version__} (TensorFlow {tf.__version__}, {family.describe()})"
-    )
+    if versions is None:
+        quiet_tensorflow.import_tensorflow(VERBOSE_FLAG in sys.argv[1:])
+        import tensorflow as tf
+
+        from kerastower._keras_compat import family
+
+        versions = tf.__version__, family.describe()
+    return f"kerastower {__version__} (TensorFlow {versions[0]}, {versions[1]})"
 
 
 def _add_verbose_argument(parser: argparse.ArgumentParser, **kwargs) -> None:
@@ -217,7 +190,11 @@ def _add_device_arguments(parser: argparse.ArgumentParser, on_cpu: str) -> None:
 
 
 class _UsageError(Exception):
-    """A problem with the command line, reported without a traceback."""
+    """A problem with the command line, reported without a traceback: exit 2."""
+
+
+class _MachineError(Exception):
+    """The machine lacks what the command line asks for: exit 1, no traceback."""
 
 
 def _check_log_dir(log_dir: str | None) -> None:
@@ -243,7 +220,13 @@ def _setup_towers(towers: int | None, device: str, cpu_default: int) -> list[str
 
     gpus = tf.config.list_physical_devices("GPU")
     if device == "gpu" and not gpus:
-        raise _UsageError("`--device gpu`: TensorFlow sees no GPU on this machine.")
+        build = "with" if tf.test.is_built_with_cuda() else "without"
+        raise _MachineError(
+            "`--device gpu` needs a GPU, and TensorFlow sees none on this "
+            f"machine (TensorFlow {tf.__version__}, built {build} CUDA): leave "
+            "out `--device` or use `--device cpu` to run the towers on "
+            "logical CPUs."
+        )
     if device == "cpu" and gpus:
         tf.config.set_visible_devices([], "GPU")
         gpus = []
@@ -347,7 +330,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     Returns:
         The exit status: 0 on success; 1 when the demo's towers did not match
-        one device within the tolerance; 2 for a usage error; for ``launch``,
+        one device within the tolerance, or when the machine lacks what was
+        asked for (``--device gpu`` without a GPU); 2 for a usage error; for
+        ``launch``,
         the first failed worker's status or ``128 + signal``.
     """
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -368,7 +353,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                 file=sys.stderr,
             )
             return 2
-    _import_tensorflow(getattr(args, "verbose", False))
+    try:
+        installed_keras.check_backend_variable()
+    except ImportError as error:
+        print(f"kerastower {args.command}: error: {error}", file=sys.stderr)
+        return 1
+    quiet_tensorflow.import_tensorflow(getattr(args, "verbose", False))
     from kerastower.devices import configure_from_environment
 
     configure_from_environment()
@@ -391,6 +381,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except _UsageError as error:
         print(f"kerastower {args.command}: error: {error}", file=sys.stderr)
         return 2
+    except _MachineError as error:
+        print(f"kerastower {args.command}: error: {error}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":  # pragma: no cover

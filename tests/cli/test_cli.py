@@ -1,5 +1,6 @@
 """The `kerastower` command: the README's demo and the device listing."""
 
+import argparse
 import os
 import re
 import subprocess
@@ -228,8 +229,6 @@ def test_usage_errors():
     assert exit_info.value.code == 2
     with pytest.raises(SystemExit):
         cli.main(["demo", "--epochs", "two"])
-    # No GPU here: refused before any TensorFlow work.
-    assert cli.main(["demo", "--device", "gpu"]) == 2
     for tolerance in ("-1", "0", "nan", "inf", "x"):
         with pytest.raises(SystemExit):
             cli.main(["demo", "--tolerance", tolerance])
@@ -345,3 +344,95 @@ def test_help_and_usage_errors_answer_without_tensorflow(argv, status):
     imported = re.findall(r"^import time:.*\|\s*(\S+)$", result.stderr, flags=re.M)
     assert "kerastower.cli.command" in imported
     assert "tensorflow" not in imported and "keras" not in imported
+
+
+def _no_gpu():
+    import tensorflow as tf
+
+    if tf.config.list_physical_devices("GPU"):
+        pytest.skip("this machine has a GPU")
+
+
+@pytest.mark.parametrize("command", ["devices", "demo"])
+def test_device_gpu_without_a_gpu_is_the_machines_lack_not_a_usage_error(
+    command, capsys
+):
+    _no_gpu()
+    assert cli.main([command, "--device", "gpu"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(
+        f"kerastower {command}: error: `--device gpu` needs a GPU, and "
+        "TensorFlow sees none on this machine (TensorFlow "
+    ), err
+    assert "use `--device cpu`" in err
+
+
+def _usage_error(argv, capsys) -> str:
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(argv)
+    assert exit_info.value.code == 2
+    return capsys.readouterr().err
+
+
+def test_a_flag_of_kerastower_after_the_command_says_where_it_goes(capsys):
+    err = _usage_error(["launch", "--verbose", "-n", "2", "train.py"], capsys)
+    assert err.startswith("usage: kerastower launch")
+    assert err.endswith(
+        "kerastower launch: error: unrecognized arguments: --verbose (an option "
+        "of kerastower, not of launch: put it before the command, as in "
+        "`kerastower --verbose launch ...`)\n"
+    ), err
+    err = _usage_error(["devices", "--version"], capsys)
+    assert "as in `kerastower --version devices ...`)" in err
+    # `demo` and `devices` take `--verbose` themselves.
+    assert cli._parser().parse_args(["devices", "--verbose"]).verbose
+
+
+def test_suggestions_come_from_the_parser_that_failed(capsys):
+    err = _usage_error(["launch", "--bogus", "-n", "2", "train.py"], capsys)
+    assert err.endswith("unrecognized arguments: --bogus\n"), err
+    err = _usage_error(["launch", "--tower", "2", "-n", "2", "train.py"], capsys)
+    assert "unrecognized arguments: --tower (did you mean --towers?)" in err
+    err = _usage_error(["--verbse", "devices"], capsys)
+    assert "kerastower devices: error: unrecognized arguments: --verbse " in err
+    assert "(did you mean --verbose?)" in err
+    err = _usage_error(["devices", "--toewrs", "2"], capsys)
+    assert "unrecognized arguments: --toewrs 2 (did you mean --towers?)" in err
+
+
+def test_an_unknown_flag_without_a_command_is_named(capsys):
+    err = _usage_error(["--bogus"], capsys)
+    assert err.endswith("kerastower: error: unrecognized arguments: --bogus\n"), err
+    err = _usage_error(["--verison"], capsys)
+    assert "unrecognized arguments: --verison (did you mean --version?)" in err
+    # Abbreviations of the command's flags are its flags.
+    err = _usage_error(["--verb"], capsys)
+    assert "the following arguments are required: command" in err
+
+
+def test_version_reads_package_metadata_without_tensorflow():
+    import keras
+    import tensorflow as tf
+
+    import kerastower
+
+    result = run(sys.executable, "-X", "importtime", "-m", "kerastower", "--version")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == (
+        f"kerastower {kerastower.__version__} (TensorFlow {tf.__version__}, "
+        f"Keras {keras.__version__})\n"
+    )
+    imported = re.findall(r"^import time:.*\|\s*(\S+)$", result.stderr, flags=re.M)
+    assert "kerastower.cli.command" in imported
+    assert not [m for m in imported if m.split(".")[0] in ("tensorflow", "keras")]
+
+
+def test_every_default_of_the_demo_is_in_its_help(capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["demo", "--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert "seed for data order and weights (default: 0)" in help_text
+    parser = cli._parser().commands["demo"]
+    for action in parser._actions:
+        if action.default not in (None, False, argparse.SUPPRESS) and action.help:
+            assert "(default:" in action.help, action.option_strings

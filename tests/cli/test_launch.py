@@ -611,3 +611,11 @@ def test_heartbeats_describe_the_last_record(tmp_path):
     assert heartbeats.describe(path, now=112.34) == (
         "in test batch 7 of epoch 2, 12.3 s ago"
     )
+
+
+def test_the_documented_usage_is_the_parsers():
+    page = (ROOT / "docs" / "api" / "launch.md").read_text()
+    usage = "usage: " + launch_command.USAGE % {"prog": "kerastower launch"}
+    assert usage in page, (
+        f"docs/api/launch.md shows another usage of `kerastower launch`:\n{usage}"
+    )

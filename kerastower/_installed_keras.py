@@ -1,0 +1,172 @@
+"""Which Keras kerastower runs on, decided without importing TensorFlow.
+
+The rule (the one `tf.keras` follows) lives here, in plain Python, so that
+`kerastower._keras_compat.family` applies it to the TensorFlow and Keras it
+imports and ``kerastower --version`` applies it to the versions that package
+metadata names, without the seconds that importing TensorFlow takes:
+
+- TensorFlow 2.15 and newer: `tf_keras` (Keras 2) when ``TF_USE_LEGACY_KERAS``
+  is ``1`` or ``true``;
+- else the ``keras`` package: Keras 3, or on TensorFlow 2.12 to 2.15 the
+  Keras 2 those releases ship as `tf.keras`.
+
+Keras 3 must run on its TensorFlow backend: `check_backend_variable` refuses
+another one before TensorFlow is imported, `family` the one Keras then runs
+on (set in Keras's ``keras.json``), both with `unsupported_backend`'s error.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from importlib import metadata
+
+# `tf.keras` reads the same variable with the same values (TensorFlow's
+# `_KerasLazyLoader`).
+LEGACY_VARIABLE = "TF_USE_LEGACY_KERAS"
+_LEGACY_VALUES = ("true", "True", "1")
+BACKEND_VARIABLE = "KERAS_BACKEND"
+SUPPORTED_BACKEND = "tensorflow"
+# The distributions that install the `tensorflow` package, as pip names them.
+TENSORFLOW_DISTRIBUTIONS = (
+    "tensorflow",
+    "tensorflow-cpu",
+    "tensorflow-gpu",
+    "tensorflow-macos",
+    "tensorflow-intel",
+    "tensorflow-aarch64",
+    "tensorflow-rocm",
+    "tf-nightly",
+    "tf-nightly-cpu",
+)
+
+
+def release(version: str) -> tuple[int, ...]:
+    """``(major, minor)`` of a version string: ``"2.15.0rc1"`` -> ``(2, 15)``."""
+    return tuple(int(re.match(r"\d*", part)[0] or 0) for part in version.split(".")[:2])
+
+
+def legacy_requested() -> bool:
+    """Whether ``$TF_USE_LEGACY_KERAS`` asks `tf.keras` for `tf_keras`."""
+    return os.environ.get(LEGACY_VARIABLE) in _LEGACY_VALUES
+
+
+def uses_tf_keras(tensorflow_version: str) -> bool:
+    """Whether kerastower runs on `tf_keras` beside this TensorFlow."""
+    return release(tensorflow_version) >= (2, 15) and legacy_requested()
+
+
+def source(keras_version: str, tf_keras: bool) -> str:
+    """Where the Keras of `keras_version` comes from.
+
+    Args:
+        keras_version: The version of the Keras in use.
+        tf_keras: Whether it is the `tf_keras` package (`uses_tf_keras`).
+
+    Returns:
+        ``"tf_keras"``, ``"tf.keras"`` (the Keras 2 of TensorFlow 2.12 to
+        2.15) or ``"keras"`` (Keras 3).
+    """
+    if tf_keras:
+        return "tf_keras"
+    return "tf.keras" if release(keras_version) < (3,) else "keras"
+
+
+def describe(keras_version: str, keras_source: str) -> str:
+    """``"Keras 3.15.1"``, ``"Keras 2.15.0 (tf.keras)"`` or ``"Keras 2.21.0
+    (tf_keras)"``: the Keras in use, for messages and ``--version``."""
+    if keras_source == "keras":
+        return f"Keras {keras_version}"
+    return f"Keras {keras_version} ({keras_source})"
+
+
+def missing_tf_keras(tensorflow_version: str) -> ImportError:
+    """The error for ``TF_USE_LEGACY_KERAS`` without `tf_keras` installed."""
+    minor = ".".join(tensorflow_version.split(".")[:2])
+    return ImportError(
+        f"`{LEGACY_VARIABLE}` asks for Keras 2 through the `tf_keras` package, "
+        "which is not installed: install the one of your TensorFlow "
+        f"({tensorflow_version}) with `pip install 'tf_keras~={minor}.0'`, or "
+        f"unset `{LEGACY_VARIABLE}` for Keras 3."
+    )
+
+
+def unsupported_backend(backend: str, where: str) -> ImportError:
+    """The error for Keras 3 set to run on a backend other than TensorFlow.
+
+    Args:
+        backend: The backend Keras is set to.
+        where: What sets it, as the message shows it: ``"KERAS_BACKEND"``,
+            or the path of Keras's configuration file.
+    """
+    if where == BACKEND_VARIABLE:
+        fix = (
+            f"unset `{BACKEND_VARIABLE}` or set it to "
+            f"'{SUPPORTED_BACKEND}'. Received: {BACKEND_VARIABLE}={backend!r}"
+        )
+    else:
+        fix = (
+            f'set "backend": "{SUPPORTED_BACKEND}" in {where} (or '
+            f"`{BACKEND_VARIABLE}={SUPPORTED_BACKEND}` in the environment). "
+            f"Received: backend={backend!r} in {where}"
+        )
+    return ImportError(
+        "kerastower runs on Keras 3 with the TensorFlow backend, or on Keras 2 "
+        f"(tf.keras or tf_keras), not on Keras's {backend!r} backend: {fix}"
+    )
+
+
+def check_backend_variable() -> None:
+    """Fails early when ``$KERAS_BACKEND`` sets Keras 3 to another backend.
+
+    Checked before TensorFlow is imported, which imports Keras: on a backend
+    whose package is missing, that import fails naming the package (``jax``),
+    not the setting; on an unknown one, with Keras's own ``ValueError``. An
+    empty ``$KERAS_BACKEND`` is unset, as Keras reads it; Keras 2 has only
+    the TensorFlow backend and ignores the variable.
+
+    Raises:
+        ImportError: If ``$KERAS_BACKEND`` names a backend other than
+            TensorFlow and kerastower would run on Keras 3.
+    """
+    backend = os.environ.get(BACKEND_VARIABLE)
+    if not backend or backend == SUPPORTED_BACKEND:
+        return
+    tensorflow_version = installed_version(*TENSORFLOW_DISTRIBUTIONS)
+    if tensorflow_version is not None and uses_tf_keras(tensorflow_version):
+        return
+    keras_version = installed_version("keras")
+    if keras_version is not None and release(keras_version) < (3,):
+        return
+    raise unsupported_backend(backend, BACKEND_VARIABLE)
+
+
+def installed_version(*distributions: str) -> str | None:
+    """The version of the first of `distributions` that is installed, if any."""
+    for name in distributions:
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def installed_versions() -> tuple[str, str] | None:
+    """TensorFlow's version and the Keras kerastower would run on beside it.
+
+    Read from package metadata, without importing either.
+
+    Returns:
+        ``(tensorflow_version, keras_description)`` as ``("2.15.1", "Keras
+        2.15.0 (tf.keras)")``, the description as `describe` writes it; or
+        ``None`` when the metadata does not say (TensorFlow built from source,
+        or `tf_keras` asked for but not installed).
+    """
+    tensorflow_version = installed_version(*TENSORFLOW_DISTRIBUTIONS)
+    if tensorflow_version is None:
+        return None
+    tf_keras = uses_tf_keras(tensorflow_version)
+    keras_version = installed_version("tf_keras" if tf_keras else "keras")
+    if keras_version is None:
+        return None
+    return tensorflow_version, describe(keras_version, source(keras_version, tf_keras))

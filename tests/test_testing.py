@@ -8,7 +8,7 @@ differences must come out DIFFERENT, so the check can fail.
 import numpy as np
 import pytest
 import tensorflow as tf
-from keras_family import KERAS_2, keras, keras3_only
+from keras_family import keras, keras3_only
 
 import kerastower
 from kerastower.testing import (
@@ -230,7 +230,7 @@ def test_bad_arguments_are_refused():
         compare_with_one_device(uncompiled, x, y, towers=TOWERS)
 
 
-@pytest.mark.skipif(KERAS_2, reason="Keras 2's weights have no path")
+@keras3_only  # Keras 2's weights have no path
 def test_the_worst_weight_is_named_by_its_path():
     x, y = data()
     report = compare_with_one_device(

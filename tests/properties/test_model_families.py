@@ -21,7 +21,13 @@ import scipy.sparse
 import tensorflow as tf
 from hypothesis import given
 from hypothesis import strategies as st
-from keras_family import KERAS_2, KERAS_MINOR, keras, keras3_only_until_ported
+from keras_family import (
+    KERAS_2,
+    KERAS_MINOR,
+    KERAS_VERSION,
+    keras,
+    keras3_only_until_ported,
+)
 from oracle import (
     assert_close,
     assert_same_history,
@@ -385,7 +391,8 @@ def check_family(setup):
         pytest.param(
             "multi_optimizer_map",
             marks=pytest.mark.skipif(
-                "multi_optimizer_map" not in OPTIMIZERS, reason="no OptimizerMap"
+                "multi_optimizer_map" not in OPTIMIZERS,
+                reason=f"Keras {KERAS_VERSION} has no OptimizerMap",
             ),
         ),
     ],

@@ -183,6 +183,14 @@ def _batch_spec(iterator):
 _OPTIONAL = (tf.experimental.Optional, tf.OptionalSpec)
 
 
+def _none_if_optional(leaf):
+    """``None`` for an optional input or the spec of a ``None`` one (which
+    has no shape), else `leaf`."""
+    if isinstance(leaf, _OPTIONAL) or not hasattr(leaf, "shape"):
+        return None
+    return leaf
+
+
 class TrainerHooks(StepFunctionHooks):
     """Overrides of private `keras.Model` trainer hooks for `TowerModel`.
 
@@ -212,10 +220,7 @@ class TrainerHooks(StepFunctionHooks):
                     data_batch = _batch_spec(iterator)
                 # Keras's step turns optional inputs (`None` from a generator)
                 # back into `None`; the build must see them so too.
-                data_batch = tf.nest.map_structure(
-                    lambda t: None if isinstance(t, _OPTIONAL) else t,
-                    data_batch,
-                )
+                data_batch = tf.nest.map_structure(_none_if_optional, data_batch)
                 self._symbolic_build(data_batch=data_batch)
             except StopIteration:
                 pass  # no data: Keras warns that the input ran out, as one device

@@ -129,10 +129,13 @@ def _pairs(losses: Any, y: Any, y_pred: Any) -> list[tuple]:
         if not (len(flat_losses) == len(flat_y) == len(flat_pred)):
             return []
         items = list(zip(flat_losses, flat_y, flat_pred, strict=True))
+    # A list of losses for one output, or anything else, is not checked.
     return [
         (_function(loss), t, p)
         for loss, t, p in items
-        if loss is not None and t is not None and isinstance(p, tf.Tensor)
+        if (isinstance(loss, str) or callable(loss))
+        and t is not None
+        and isinstance(p, tf.Tensor)
     ]
 
 

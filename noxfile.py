@@ -10,8 +10,9 @@ middle of the Keras 2 range:
   version; ``nox -s "matrix(tensorflow='2.16.2')"`` one row of it, and
   ``nox -s "matrix(tensorflow='2.16.2')" -- 3.14.0`` one pair. A session
   installs TensorFlow once, then each Keras in turn, runs `SUITES` on each
-  pair and writes one row per pair to ``bench/results/matrix.json``; it fails
-  when any pair fails, after running the others.
+  pair and writes one row per pair to ``bench/results/matrix.json`` (with
+  the test paths it ran, ``suites``); it fails when any pair fails, after
+  running the others.
 - ``nox -s oldest`` runs `CI_SUITES` on the oldest pair; ``.ci/run`` runs it
   (the newest pair is what CI's own interpreter tests).
 - ``nox -s matrix_keras2`` runs `KERAS2_SUITES` on each Keras 2 pair, one
@@ -33,8 +34,11 @@ middle of the Keras 2 range:
   Keras 2 one in ``kerastower --version``, which must name Keras 2.
 
 ``python noxfile.py --table`` prints the last results as the Markdown tables
-that ``docs/installation.md`` shows, one per family, and
-``python noxfile.py --docs`` writes them there. Keras's own test modules
+that ``docs/installation.md`` shows, one per family, each cell naming the
+suite it ran, and ``python noxfile.py --docs`` writes them there
+(``bench/matrix_table.py`` renders them, without nox, from the literals
+below: ``tests/test_version_claims.py`` reads them with ``ast``, checks the
+tables and holds the pages' version ranges to them). Keras's own test modules
 (``tests/keras_suite/run.py``, 12 to 14 minutes a pair) are not part of a
 pair's run: of the Keras source releases from 3.8.0 to 3.15.1 only 3.15.1's
 holds them, and CI runs them on the newest pair.
@@ -57,8 +61,14 @@ from pathlib import Path
 import nox
 
 ROOT = Path(__file__).parent
-RESULTS = ROOT / "bench" / "results" / "matrix.json"
-DOCS = ROOT / "docs" / "installation.md"
+if str(ROOT) not in sys.path:  # nox loads this file without its folder
+    sys.path.insert(0, str(ROOT))
+from bench import matrix_table  # noqa: E402
+
+RESULTS = matrix_table.RESULTS
+
+# The supported ranges and the suites: literals, which bench/matrix_table.py
+# and tests/test_version_claims.py read without importing this file.
 
 KERAS = ["3.8.0", "3.9.2", "3.10.0", "3.11.3", "3.12.4", "3.13.2", "3.14.0", "3.15.1"]
 TENSORFLOW = ["2.16.2", "2.17.1", "2.18.1", "2.19.1", "2.20.0", "2.21.0"]
@@ -140,25 +150,15 @@ _VERSIONS = (
 )
 
 
-def _minor(version: str, step: int = 0) -> str:
-    """``"3.15.1"`` -> ``"3.15"``; with `step` 1, ``"3.16"``."""
-    major, minor = _key(version)[:2]
-    return f"{major}.{minor + step}"
-
-
-def _legacy(tensorflow: str) -> bool:
-    """Whether a Keras 2 pair's Keras is `tf_keras` (TensorFlow 2.16 on)."""
-    return _key(tensorflow) >= (2, 16)
+_key = matrix_table.key
+_minor = matrix_table.minor
+_legacy = matrix_table.legacy
 
 
 def _keras2_pair(tensorflow: str) -> tuple[list[str], dict[str, str]]:
     """The requirements and environment of `tensorflow`'s Keras 2 pair."""
-    keras = KERAS2[tensorflow]
-    if _legacy(tensorflow):
-        # tf_keras requires the `tensorflow` distribution; with
-        # `tensorflow-cpu` pip would install both, one over the other.
-        return [f"tensorflow=={tensorflow}", f"tf_keras=={keras}"], _LEGACY_ENV
-    return [f"tensorflow-cpu=={tensorflow}", f"keras=={keras}"], _ENV
+    requirements = matrix_table.keras2_requirements(tensorflow, KERAS2[tensorflow])
+    return requirements, _LEGACY_ENV if _legacy(tensorflow) else _ENV
 
 
 def _declared_range(session: nox.Session) -> None:
@@ -247,7 +247,11 @@ def _test_pair(
     suites: list[str],
     env: dict[str, str] | None = None,
 ) -> dict:
-    """Runs `suites` on the installed pair; returns its row of the matrix."""
+    """Runs `suites` on the installed pair; returns its row of the matrix.
+
+    The row keeps `suites`, the test paths given to pytest: the table's
+    cells name the suite each pair ran (``bench/matrix_table.py``).
+    """
     env = env or _ENV
     python = _check_versions(session, keras, tensorflow, env)
     junit = Path(session.create_tmp()) / f"keras-{keras}.xml"
@@ -280,6 +284,7 @@ def _test_pair(
         outcome=outcome,
         **counts,
         seconds=round(time.time() - start),
+        suites=list(suites),
         commit=_commit(),
         date=time.strftime("%Y-%m-%d"),
     )
@@ -332,13 +337,9 @@ def _record(row: dict) -> None:
         RESULTS.write_text(json.dumps(rows, indent=1) + "\n")
 
 
-def _key(version: str) -> tuple[int, ...]:
-    return tuple(int(part) for part in version.split("."))
-
-
 def installable(keras: str, tensorflow: str) -> bool:
     """Whether pip can install the pair (TensorFlow's own Keras requirement)."""
-    return _key(keras) >= _key(TENSORFLOW_NEEDS_KERAS.get(tensorflow, "0"))
+    return matrix_table.installable(keras, tensorflow, TENSORFLOW_NEEDS_KERAS)
 
 
 @nox.session
@@ -501,93 +502,24 @@ def package(session: nox.Session) -> None:
     )
 
 
-def _rows() -> dict[tuple[str, str], dict]:
-    rows = json.loads(RESULTS.read_text()) if RESULTS.exists() else []
-    return {(r["keras"], r["tensorflow"]): r for r in rows}
-
-
-def _mark(row: dict | None) -> str:
-    if row is None:
-        return "not run"
-    skipped = row.get("skipped", 0) + row.get("other_family", 0)
-    passed = row["tests"] - row["failures"] - row["errors"] - skipped
-    text = f"{row['outcome']} {passed}/{row['tests']}"
-    if skipped:  # mostly what the other Keras family has (`FAMILY_SKIPS`)
-        text += f" ({skipped} skipped)"
-    return f"{text}, {row['seconds']} s"
-
-
-def _footer(run: list[dict], what: str) -> list[str]:
-    """When, on which commits and Python the `run` rows ran, and how long."""
-    if not run:
-        return []
-    dates = sorted({r["date"] for r in run})
-    # The commits stay in bench/results/matrix.json; the page gives the dates.
-    return [
-        "",
-        f"Run {dates[0]}" + (f" to {dates[-1]}" if len(dates) > 1 else "") + ", Python "
-        f"{', '.join(sorted({r['python'] for r in run}))}, {what}; "
-        f"{sum(r['seconds'] for r in run) // 60} minutes of tests in all.",
-    ]
+def _declared() -> dict:
+    """The constants bench/matrix_table.py renders the tables from."""
+    return {name: globals()[name] for name in matrix_table.DECLARED}
 
 
 def table() -> str:
     """The last Keras 3 run as a Markdown table, TensorFlow down, Keras across."""
-    cells = _rows()
-    lines = [
-        "| TensorFlow \\ Keras | " + " | ".join(KERAS) + " |",
-        "|---" * (len(KERAS) + 1) + "|",
-    ]
-    for tensorflow in TENSORFLOW:
-        marks = [
-            _mark(cells.get((keras, tensorflow)))
-            if installable(keras, tensorflow)
-            else "not installable"
-            for keras in KERAS
-        ]
-        lines.append(f"| {tensorflow} | " + " | ".join(marks) + " |")
-    run = [cells[k] for k in cells if k[0] in KERAS and k[1] in TENSORFLOW]
-    return "\n".join(lines + _footer(run, "tensorflow-cpu"))
+    return matrix_table.table(matrix_table.load(RESULTS), _declared())
 
 
 def table_keras2() -> str:
     """The last Keras 2 run as a Markdown table, one pair a line."""
-    cells = _rows()
-    lines = [
-        "| TensorFlow | Keras 2 | Installed with | Tests |",
-        "|---|---|---|---|",
-    ]
-    for tensorflow, keras in KERAS2.items():
-        requirements, _ = _keras2_pair(tensorflow)
-        family = (
-            f"`tf_keras` {keras}, `TF_USE_LEGACY_KERAS=1`"
-            if _legacy(tensorflow)
-            else f"`keras` {keras}, as `tf.keras`"
-        )
-        lines.append(
-            f"| {tensorflow} | {family} | `{' '.join(requirements)}` "
-            f"| {_mark(cells.get((keras, tensorflow)))} |"
-        )
-    run = [cells[(k, tf)] for tf, k in KERAS2.items() if (k, tf) in cells]
-    suites = ", ".join(f"`{s}`" for s in KERAS2_SUITES)
-    return "\n".join(lines + _footer(run, f"tests {suites}"))
-
-
-# The generated blocks of docs/installation.md: marker name -> its text.
-_DOCS_TABLES = {"matrix": table, "matrix-keras2": table_keras2}
+    return matrix_table.table_keras2(matrix_table.load(RESULTS), _declared())
 
 
 def write_docs() -> None:
     """Replaces each table between its markers in ``docs/installation.md``."""
-    text = DOCS.read_text()
-    for name, make in _DOCS_TABLES.items():
-        pattern = re.compile(
-            rf"(<!-- {name}:start -->\n).*?(<!-- {name}:end -->)", re.S
-        )
-        if not pattern.search(text):
-            raise SystemExit(f"{DOCS} has no <!-- {name}:start/end --> markers")
-        text = pattern.sub(lambda m, make=make: m[1] + make() + "\n" + m[2], text)
-    DOCS.write_text(text)
+    matrix_table.write_docs(_declared(), RESULTS)
 
 
 if __name__ == "__main__":

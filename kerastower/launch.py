@@ -16,6 +16,7 @@ cluster.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -24,6 +25,7 @@ import tempfile
 from collections.abc import Sequence
 
 from kerastower.heartbeats import HEARTBEAT_VARIABLE
+from kerastower.private_network import PrivateNetwork
 from kerastower.slurm import DEFAULT_PORT_BASE, slurm_task
 from kerastower.worker_configs import (
     LOGICAL_DEVICES_VARIABLE,
@@ -55,6 +57,12 @@ DEFAULT_GRACE_PERIOD = 10.0
 # Set in every worker's environment: how many times the launcher restarted
 # the workers before starting this one (0 for the first start).
 RESTART_COUNT_VARIABLE = "KERASTOWER_RESTART_COUNT"
+# The values of `launch`'s `network`: None picks the first that works.
+NETWORKS = ("private", "host")
+_EXPOSED = (
+    "their TensorFlow servers accept connections on every network interface "
+    "of this machine, from anyone (see the Security page of the docs)"
+)
 # The exit status of a worker that backed up and stopped on SIGTERM, as
 # `kerastower.callbacks.BackupAndRestore` does on preemption: 128 + SIGTERM.
 PREEMPTED = 128 + signal.SIGTERM
@@ -81,6 +89,35 @@ def _checked_command(
             f"`grace_period` must be >= 0. Received: grace_period={grace_period}"
         )
     return [sys.executable, *(["-m"] if module else []), *script_argv]
+
+
+def _open_network(network: str | None) -> PrivateNetwork | None:
+    """The private network for `network`, or ``None`` for this machine's; says which."""
+    if network not in (None, *NETWORKS):
+        raise ValueError(
+            f"`network` must be one of {NETWORKS} or None. "
+            f"Received: network={network!r}"
+        )
+    if network == "host":
+        say(f"the workers share this machine's network (--network host): {_EXPOSED}")
+        return None
+    try:
+        private = PrivateNetwork.open()
+    except OSError as error:
+        if network == "private":
+            raise OSError(
+                f"`network='private'` needs a network namespace, which this "
+                f"system refuses ({error}). Pass network='host' (--network host) "
+                "to run the workers on this machine's network."
+            ) from error
+        say(f"the workers could not get a private network ({error}): {_EXPOSED}")
+        return None
+    say(
+        "the workers run in a private network: only they reach their "
+        "TensorFlow servers, and they reach no other machine (--network host "
+        "to share this machine's network)"
+    )
+    return private
 
 
 def _heartbeat_path(directory: str, index: int, restarts: int) -> str:
@@ -140,6 +177,7 @@ def launch(
     max_restarts: int = 0,
     restart_preempted: bool = False,
     evaluator: bool = False,
+    network: str | None = None,
 ) -> int:
     """Runs a script as `num_workers` local workers of one cluster.
 
@@ -188,13 +226,24 @@ def launch(
             ``KERASTOWER_TRAINING_DONE_FILE``, on which it evaluates the
             checkpoints left and exits; the job succeeds when it exits with
             0 too. Defaults to ``False``.
+        network: ``"private"``: the processes run in a network of their own
+            (Linux), where they reach each other on ``127.0.0.1`` and
+            nothing else reaches them, nor they anything outside it:
+            TensorFlow's servers listen on every interface of the machine
+            and run whatever graph they are sent, so this keeps other
+            machines from reaching them. ``"host"``: they share this
+            machine's network (to download data while training, say).
+            ``None``: private where the system allows it, else this
+            machine's network, with a line saying so. Defaults to ``None``.
 
     Returns:
         The exit status: 0 when every worker exits with 0.
 
     Raises:
         ValueError: If `script_argv` is empty, or `num_workers`, `towers`,
-            `grace_period` or `max_restarts` is invalid.
+            `grace_period`, `max_restarts` or `network` is invalid.
+        OSError: If `network` is ``"private"`` and the system cannot make a
+            private network.
     """
     command = _checked_command(script_argv, module, grace_period)
     counts = towers_per_worker(towers, num_workers)
@@ -204,12 +253,20 @@ def launch(
             f"max_restarts={max_restarts!r}"
         )
     restarts = 0
-    with signals_recorded() as signals, tempfile.TemporaryDirectory() as tmp:
+    private = _open_network(network)
+    network_closed = (
+        contextlib.closing(private) if private else contextlib.nullcontext()
+    )
+    with (
+        network_closed,
+        signals_recorded() as signals,
+        tempfile.TemporaryDirectory() as tmp,
+    ):
         while True:
             done_file = os.path.join(tmp, f"done{restarts}") if evaluator else None
             envs, labels = _local_cluster(num_workers, counts, restarts, done_file, tmp)
             beats = [_heartbeat_path(tmp, i, restarts) for i in range(num_workers)]
-            group = WorkerGroup(done_file=done_file)
+            group = WorkerGroup(done_file=done_file, network=private)
             status = run_group(
                 group,
                 command,
@@ -246,9 +303,9 @@ def launch_slurm_task(
     Run by every task of a job step, as ``srun kerastower launch --slurm
     train.py`` does: the worker is ``python script args...`` with this
     process's environment plus ``PYTHONUNBUFFERED=1``, the `TF_CONFIG` that
-    `kerastower.slurm.slurm_task` reads from Slurm's variables (worker
-    ``SLURM_PROCID`` of all the step's tasks, on port ``port_base + i`` for
-    the ``i``-th task of a node) and, when the GPUs per task are known,
+    Slurm's variables give (worker ``SLURM_PROCID`` of all the step's
+    tasks, on port ``port_base + i`` for the ``i``-th task of a node, in
+    Slurm's order of the nodes) and, when the GPUs per task are known,
     ``CUDA_VISIBLE_DEVICES`` set to the task's GPUs. It writes to this
     process's standard output and error, which ``srun`` collects.
 
@@ -278,7 +335,9 @@ def launch_slurm_task(
 
     Raises:
         ValueError: If `script_argv` is empty, an argument is invalid, or
-            Slurm's variables are missing or ill-formed (see `slurm_task`).
+            the variables that ``srun`` sets (``SLURM_PROCID``,
+            ``SLURM_STEP_NUM_TASKS``, ``SLURM_STEP_NODELIST``,
+            ``SLURM_STEP_TASKS_PER_NODE``) are missing or ill-formed.
     """
     command = _checked_command(script_argv, module, grace_period)
     task = slurm_task(os.environ, port_base=port_base, gpus_per_task=gpus_per_task)

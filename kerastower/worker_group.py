@@ -22,6 +22,7 @@ from contextlib import contextmanager
 from typing import Any, TextIO
 
 from kerastower.heartbeats import describe
+from kerastower.private_network import PrivateNetwork
 
 _POLL_SECONDS = 0.05
 _POSIX = os.name == "posix"
@@ -90,15 +91,17 @@ def signals_recorded() -> Iterator[list[int]]:
             signal.signal(sig, handler)
 
 
-def _die_with(launcher_pid: int) -> None:
+def _die_with(launcher_pid: int, network: PrivateNetwork | None) -> None:
     """In a new worker (Linux): SIGTERM when the launcher dies, even by SIGKILL.
 
     Without it, a launcher killed outright would leave its workers running,
-    each in a session of its own.
+    each in a session of its own. With `network`, the worker joins it.
     """
     ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
     if os.getppid() != launcher_pid:  # it died before prctl took effect
         os.kill(os.getpid(), signal.SIGTERM)
+    if network is not None:
+        network.join()
 
 
 class WorkerGroup:
@@ -110,12 +113,19 @@ class WorkerGroup:
             prefixed; if not, they write to this process's output directly.
         done_file: A file created once every process but the sidecars has
             exited with 0, or ``None``.
+        network: The private network the processes join (Linux), or ``None``
+            for this machine's network.
     """
 
     def __init__(
-        self, first_index: int = 0, streamed: bool = True, done_file: str | None = None
+        self,
+        first_index: int = 0,
+        streamed: bool = True,
+        done_file: str | None = None,
+        network: PrivateNetwork | None = None,
     ):
         self.first_index = first_index
+        self.network = network
         self.done_file = done_file
         self.streamed = streamed
         self.procs: list[subprocess.Popen] = []
@@ -151,7 +161,11 @@ class WorkerGroup:
             stdout=output,
             stderr=output,
             start_new_session=_POSIX,
-            preexec_fn=functools.partial(_die_with, os.getpid()) if _LINUX else None,
+            preexec_fn=(
+                functools.partial(_die_with, os.getpid(), self.network)
+                if _LINUX
+                else None
+            ),
         )
         label = self.track(proc, label, sidecar, heartbeat)
         if not self.streamed:

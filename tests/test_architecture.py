@@ -26,6 +26,7 @@ LAYERS = [
         "kerastower.slurm",
         "kerastower.worker_group",
         "kerastower.heartbeats",
+        "kerastower.private_network",
     ],
     # This process's devices and cluster, and the public plain functions.
     [

@@ -51,6 +51,8 @@ RUNS = {
     ),
     "plot_splitting.py": (["--out", "{tmp}/splitting.png"], "splitting.png"),
     "evaluator.py": (["--dir", "{tmp}"], "evaluated 3 checkpoints"),
+    "resume_any_cluster.py": (["--dir", "{tmp}/backup"], "worker 0 of 1: trained"),
+    "five_minutes.py": ([], "same as one device"),
     # The guide "Check your own model"; each exits 1 on a wrong verdict.
     "check_your_model/functional.py": ([], "float64, 3 towers"),
     "check_your_model/subclassed.py": ([], "same as one device"),

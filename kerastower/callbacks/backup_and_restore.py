@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import threading
@@ -13,17 +12,15 @@ import numpy as np
 
 from kerastower import _keras_compat, cluster
 from kerastower._keras_compat.family import keras
-from kerastower.callbacks.checkpoint_files import (
-    TEMP_PREFIX,
-    fsync,
-    remove_leftovers,
-    remove_quietly,
-    write_atomically,
+from kerastower.callbacks.backup_files import (
+    POINTER,
+    check_global_batch,
+    read_backup,
+    write_backup,
 )
+from kerastower.callbacks.checkpoint_files import TEMP_PREFIX, remove_leftovers
+from kerastower.callbacks.counting import loss_count
 from kerastower.reduce import workers
-
-POINTER = "latest.json"
-"""The file naming the latest complete backup; it is replaced atomically."""
 
 
 class BackupAndRestore(keras.callbacks.Callback):
@@ -202,48 +199,9 @@ class BackupAndRestore(keras.callbacks.Callback):
             return
         metrics = [np.asarray(v.numpy()) for v in self._metric_variables()]
         window = [np.asarray(v.numpy()) for v in self._window_variables()]
-        os.makedirs(self.backup_dir, exist_ok=True)
-        pointer = os.path.join(self.backup_dir, POINTER)
-        previous = self._read_pointer()
-        backup_id = (previous["id"] + 1) if previous else 0
-        weights = f"backup-{backup_id}.weights.h5"
-        arrays = f"backup-{backup_id}.npz"
-        write_atomically(
-            os.path.join(self.backup_dir, weights),
-            lambda path: self.model.save_weights(path, overwrite=True),
-        )
-
-        def save_arrays(path):
-            with open(path, "wb") as f:
-                np.savez(f, *metrics, *window)
-
-        write_atomically(os.path.join(self.backup_dir, arrays), save_arrays)
-        state = dict(
-            id=backup_id,
-            epoch=epoch,
-            step=step,
-            weights=weights,
-            arrays=arrays,
-            metrics=len(metrics),
-            window=len(window),
-        )
-
-        def save_pointer(path):
-            with open(path, "w") as f:
-                json.dump(state, f)
-
-        write_atomically(pointer, save_pointer)
-        fsync(self.backup_dir, directory=True)
-        if previous:
-            for name in (previous["weights"], previous["arrays"]):
-                remove_quietly(os.path.join(self.backup_dir, name))
-
-    def _read_pointer(self) -> dict | None:
-        path = os.path.join(self.backup_dir, POINTER)
-        if not os.path.exists(path):
-            return None
-        with open(path) as f:
-            return json.load(f)
+        position = dict(epoch=epoch, step=step, metrics=len(metrics))
+        position.update(window=len(window), global_batch=self._global_batch)
+        write_backup(self.backup_dir, self.model, metrics + window, position)
 
     # -- restoring ----------------------------------------------------------
 
@@ -254,10 +212,11 @@ class BackupAndRestore(keras.callbacks.Callback):
         self._signalled.clear()
         self._install_handlers()
         self._pending = None
+        self._global_batch = self._counted = None
+        self._skipped = 0
         if cluster.is_chief(self.model.distribute_strategy):
             remove_leftovers(self.backup_dir)  # writes a kill cut short
-        state = self._read_pointer()
-        if state is None:
+        if not os.path.exists(os.path.join(self.backup_dir, POINTER)):
             return
         model = self.model
         if not model.built:
@@ -267,18 +226,18 @@ class BackupAndRestore(keras.callbacks.Callback):
             )
         if model.optimizer is not None:
             _keras_compat.build_optimizer(model.optimizer, model.trainable_variables)
-        model.load_weights(os.path.join(self.backup_dir, state["weights"]))
-        with np.load(os.path.join(self.backup_dir, state["arrays"])) as data:
-            state["values"] = [data[f"arr_{i}"] for i in range(len(data.files))]
+        state = read_backup(self.backup_dir, model)
+        self._global_batch = state.get("global_batch")
         self._pending = state
         _keras_compat.set_initial_epoch(model, state["epoch"])
 
     def on_epoch_begin(self, epoch, logs=None):
         self._epoch, self._step, self._saved_step = epoch, 0, 0
         state, self._pending = self._pending, None
+        self._counted, self._skipped = 0, 0  # the loss metric's count; steps
         if state is None or state["epoch"] != epoch:
             return
-        self._saved_step = state["step"]
+        self._saved_step = self._skipped = state["step"]
         built = _keras_compat.METRICS_BUILT_BEFORE_FIT
         if self._metric_variables() or not state["metrics"] or built:
             self._restore(state)
@@ -334,6 +293,7 @@ class BackupAndRestore(keras.callbacks.Callback):
 
     def on_train_batch_end(self, batch, logs=None):
         self._step = batch + 1  # `batch` is the last step of the execution
+        self._check_global_batch()
         if self._preemption_agreed():
             self._save(self._epoch, self._step)
             self.preempted = True
@@ -362,6 +322,30 @@ class BackupAndRestore(keras.callbacks.Callback):
             os.rmdir(self.backup_dir)  # only when nothing else is there
         except OSError:
             pass
+
+    def _check_global_batch(self) -> None:
+        """Records the global batch, or checks it against the backup's.
+
+        A resumed run must take as many examples a step as the run it
+        resumes; steps of one worker count alone would not show another
+        number of workers, so this counts all workers' (the loss metric).
+        """
+        if self._counted is False or self._step < self._skipped:
+            return  # checked, nothing to count, or a restored step skipped
+        count = loss_count(self.model)
+        last, self._counted = self._counted, count
+        if count is None or self._step == self._skipped:
+            self._counted = False if count is None else count
+            return
+        steps = self.params.get("steps") if self.params else None
+        last_step = steps is not None and self._step >= steps
+        if self._global_batch is None:
+            if not last_step:  # a short last step is no full batch
+                self._global_batch, self._counted = count - last, False
+            return
+        check_global_batch(self.backup_dir, self._global_batch, count - last, last_step)
+        if not last_step:
+            self._counted = False
 
     # -- preemption ---------------------------------------------------------
 

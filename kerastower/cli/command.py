@@ -353,6 +353,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 file=sys.stderr,
             )
             return 2
+        except OSError as error:  # the machine refuses what was asked
+            print(f"kerastower launch: error: {error}", file=sys.stderr)
+            return 1
     try:
         installed_keras.check_backend_variable()
     except ImportError as error:

@@ -14,13 +14,19 @@ import os
 import shlex
 from collections.abc import Sequence
 
-from kerastower.launch import DEFAULT_GRACE_PERIOD, launch, launch_slurm_task
+from kerastower.launch import (
+    DEFAULT_GRACE_PERIOD,
+    NETWORKS,
+    launch,
+    launch_slurm_task,
+)
 from kerastower.slurm import DEFAULT_PORT_BASE
 from kerastower.worker_configs import check_count, tf_config_for
 
 USAGE = (
     "%(prog)s [-h] -n N [--towers K[,K...]] [--grace-period S] "
-    "[--max-restarts K [--restart-preempted]] [--evaluator] [-m] "
+    "[--max-restarts K [--restart-preempted]] [--evaluator] "
+    "[--network {private,host}] [-m] "
     "script [args ...]"
     "\n       %(prog)s --hosts HOST:PORT[,...] --index I [--export]"
     "\n       %(prog)s --slurm [--port-base P] [--gpus-per-task G] "
@@ -29,7 +35,7 @@ USAGE = (
 # The options of `add_arguments` that take a value.
 _VALUE_OPTIONS = frozenset(
     "-n --num-workers --towers --grace-period --max-restarts --hosts --index "
-    "--port-base --gpus-per-task".split()
+    "--port-base --gpus-per-task --network".split()
 )
 
 
@@ -73,6 +79,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="start one more process, the cluster's evaluator task, that runs "
         "the same script (see kerastower.evaluator.SidecarEvaluator)",
+    )
+    parser.add_argument(
+        "--network",
+        choices=NETWORKS,
+        help="private: the workers run in a network of their own, loopback "
+        "only, that nothing outside reaches (Linux); host: this machine's "
+        "network (default: private where the system allows it, else host)",
     )
     parser.add_argument(
         "--hosts",
@@ -148,6 +161,12 @@ def run(args: argparse.Namespace, script_argv: Sequence[str]) -> int:
         args.port_base is not None or args.gpus_per_task is not None
     ):
         raise ValueError("`--port-base` and `--gpus-per-task` go with `--slurm`.")
+    if args.network is not None and (args.slurm or args.hosts is not None):
+        raise ValueError(
+            "`--network` goes with `-n` (local workers): with `--hosts` or "
+            "`--slurm` the workers are on several machines and need their "
+            "network; see the Security page of the docs."
+        )
     if args.hosts is not None:
         if script_argv or args.num_workers or args.towers or args.module:
             raise ValueError(
@@ -207,4 +226,5 @@ def run(args: argparse.Namespace, script_argv: Sequence[str]) -> int:
         max_restarts=args.max_restarts,
         restart_preempted=args.restart_preempted,
         evaluator=args.evaluator,
+        network=args.network,
     )

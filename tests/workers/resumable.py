@@ -18,6 +18,12 @@ to the first start under ``kerastower launch --max-restarts`` (where
 ``KERASTOWER_RESTART_COUNT`` is 0); ``--kill-delay D`` sends the signal D
 seconds after the step, from a timer (so that it lands in a later step or in
 a backup). ``--check-freq C`` is `BackupAndRestore`'s ``check_freq``.
+
+``--global-batch G`` makes the data one set of ``G * STEPS`` examples that
+every worker reads and shards (`kerastower.cluster.shard`), each worker
+fitting ``G / W`` examples per step: the global batches are the same for
+any number of workers ``W`` that divides ``G``, so a run backed up on some
+workers can resume on others. ``--batch B`` overrides the per-worker batch.
 """
 
 from __future__ import annotations
@@ -44,6 +50,14 @@ def worker_data(index: int):
     x = rng.normal(size=(BATCH * STEPS, 4)).astype("float32")
     y = np.tanh(x @ np.array([[0.5], [-1.0], [0.25], [2.0]], "float32"))
     return x, y.astype("float32")
+
+
+def global_data(global_batch: int):
+    """One data set of `global_batch * STEPS` examples, this worker's shard."""
+    rng = np.random.default_rng(11)
+    x = rng.normal(size=(global_batch * STEPS, 4)).astype("float32")
+    y = np.tanh(x @ np.array([[0.5], [-1.0], [0.25], [2.0]], "float32"))
+    return kerastower.cluster.shard((x, y.astype("float32")))
 
 
 def build_model():
@@ -92,11 +106,19 @@ def main(argv=None) -> int:
     parser.add_argument("--check-freq", type=int, default=1)
     parser.add_argument("--only-first-start", action="store_true")
     parser.add_argument("--kill-delay", type=float, default=0.0)
+    parser.add_argument("--global-batch", type=int, default=None)
+    parser.add_argument("--batch", type=int, default=None)
     args = parser.parse_args(argv)
     if not kerastower.is_multi_worker():
         kerastower.configure_logical_devices(2)
     index = kerastower.worker_index()
-    x, y = worker_data(index)
+    batch = BATCH
+    if args.global_batch is None:
+        x, y = worker_data(index)
+    else:
+        x, y = global_data(args.global_batch)
+        batch = args.global_batch // kerastower.num_workers()
+    batch = args.batch or batch
     model = build_model()
     callbacks = [Report()]
     restarted = os.environ.get("KERASTOWER_RESTART_COUNT", "0") != "0"
@@ -115,7 +137,7 @@ def main(argv=None) -> int:
     history = model.fit(
         x,
         y,
-        batch_size=BATCH,
+        batch_size=batch,
         epochs=EPOCHS,
         shuffle=False,
         verbose=0,

@@ -1,6 +1,7 @@
-"""A small convnet on scikit-learn's digits, trained over several towers.
+"""A small convnet on handwritten digits, trained over several towers.
 
-The digits ship with scikit-learn, so this runs offline:
+The digits (scikit-learn's 1,797 8x8 images) ship with kerastower, so this
+runs offline:
 
     python examples/digits_convnet.py --towers 4 --epochs 5 --log-dir logs/digits
     tensorboard --logdir logs/digits
@@ -13,9 +14,11 @@ TensorBoard.
 import argparse
 
 # --8<-- [start:setup]
+from importlib import resources
+
 import keras
+import numpy as np
 import tensorflow as tf
-from sklearn.datasets import load_digits
 
 import kerastower
 
@@ -40,9 +43,11 @@ towers = min(towers, len(gpus)) if gpus else towers
 
 # --8<-- [start:fit]
 
-digits = load_digits()
-x = (digits.images / 16.0).astype("float32")[..., None]  # (1797, 8, 8, 1)
-y = digits.target
+# The digits that `kerastower demo` trains on ship inside the package.
+with (resources.files("kerastower") / "cli" / "digits.npz").open("rb") as file:
+    digits = np.load(file)
+    x = (digits["images"] / 16.0).astype("float32")[..., None]  # (1797, 8, 8, 1)
+    y = digits["labels"].astype("int32")  # 0 to 9
 x_train, y_train, x_test, y_test = x[:1437], y[:1437], x[1437:], y[1437:]
 
 inputs = keras.Input((8, 8, 1))

@@ -11,6 +11,7 @@ time and each tower's work with matplotlib.
 import argparse
 import os
 import tempfile
+from importlib import resources
 
 import tensorflow as tf
 
@@ -40,11 +41,11 @@ def convnet():
 
 
 def train(log_dir, batch_size, epochs):
-    from sklearn.datasets import load_digits
-
-    digits = load_digits()
-    x = (digits.images / 16.0).astype("float32")[..., None][:1437]
-    y = digits.target.astype("int32")[:1437]
+    # The digits that `kerastower demo` trains on ship inside the package.
+    with (resources.files("kerastower") / "cli" / "digits.npz").open("rb") as file:
+        digits = np.load(file)
+        x = (digits["images"] / 16.0).astype("float32")[..., None][:1437]
+        y = digits["labels"].astype("int32")[:1437]
     # --8<-- [start:monitor]
     monitor = kerastower.callbacks.TowerMonitor(log_dir)
     model = convnet()

@@ -13,6 +13,7 @@ except PackageNotFoundError:  # pragma: no cover - source tree without install
 
 __all__ = [
     "AllReduceOptions",
+    "KerasCompatibilityError",
     "TowerModel",
     "TowerStrategy",
     "__version__",
@@ -36,6 +37,7 @@ __all__ = [
 # The command line imports what each subcommand needs itself (see `_startup`).
 if not _startup.started_as_command():
     from kerastower import callbacks, cluster, evaluator, multi_worker, testing
+    from kerastower._keras_compat.errors import KerasCompatibilityError
     from kerastower.cluster import is_chief, is_multi_worker, num_workers, worker_index
     from kerastower.data import batch_for_towers
     from kerastower.devices import available_devices, configure_logical_devices

@@ -17,6 +17,7 @@ on (set in Keras's ``keras.json``), both with `unsupported_backend`'s error.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from importlib import metadata
@@ -125,11 +126,17 @@ def check_backend_variable() -> None:
     empty ``$KERAS_BACKEND`` is unset, as Keras reads it; Keras 2 has only
     the TensorFlow backend and ignores the variable.
 
+    Without the variable, the ``"backend"`` of Keras's configuration file
+    (``$KERAS_HOME/keras.json``, by default ``~/.keras/keras.json``) is
+    checked the same way.
+
     Raises:
-        ImportError: If ``$KERAS_BACKEND`` names a backend other than
-            TensorFlow and kerastower would run on Keras 3.
+        ImportError: If ``$KERAS_BACKEND`` or the configuration file names a
+            backend other than TensorFlow and kerastower would run on Keras 3.
     """
-    backend = os.environ.get(BACKEND_VARIABLE)
+    backend, where = os.environ.get(BACKEND_VARIABLE), BACKEND_VARIABLE
+    if not backend:
+        backend, where = _configured_backend()
     if not backend or backend == SUPPORTED_BACKEND:
         return
     tensorflow_version = installed_version(*TENSORFLOW_DISTRIBUTIONS)
@@ -138,7 +145,26 @@ def check_backend_variable() -> None:
     keras_version = installed_version("keras")
     if keras_version is not None and release(keras_version) < (3,):
         return
-    raise unsupported_backend(backend, BACKEND_VARIABLE)
+    raise unsupported_backend(backend, where)
+
+
+def _configured_backend() -> tuple[str | None, str]:
+    """The backend Keras 3's ``keras.json`` names, and the file's path.
+
+    Keras reads ``$KERAS_HOME``, else ``~/.keras`` (``/tmp/.keras`` when the
+    home directory cannot be written).
+    """
+    home = os.environ.get("KERAS_HOME")
+    if not home:
+        base = os.path.expanduser("~")
+        home = os.path.join(base if os.access(base, os.W_OK) else "/tmp", ".keras")
+    path = os.path.join(home, "keras.json")
+    try:
+        with open(path) as f:
+            backend = json.load(f).get("backend")
+    except (OSError, ValueError, AttributeError):
+        return None, path
+    return (backend if isinstance(backend, str) else None), path
 
 
 def installed_version(*distributions: str) -> str | None:

@@ -6,7 +6,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from kerastower.scaling import global_batch_size
+from kerastower.scaling import worker_batch_size
 
 
 def batch_for_towers(
@@ -15,13 +15,21 @@ def batch_for_towers(
     towers_or_model: Any,
     drop_remainder: bool = False,
 ) -> tf.data.Dataset:
-    """Batches an unbatched dataset into global batches for the towers.
+    """Batches an unbatched dataset into this worker's batches for its towers.
 
-    Each element of the result is one **global** batch of
-    ``per_tower_batch_size * towers * workers`` examples (see
-    `kerastower.global_batch_size`); `TowerModel` then gives each tower
+    Each element of the result is one batch of ``per_tower_batch_size *
+    towers`` examples, with ``towers`` the towers of **this worker**
+    (``model.num_towers``); `TowerModel` then gives each tower
     ``per_tower_batch_size`` of them. Pass the result to `model.fit` without a
     ``batch_size``.
+
+    On one worker this batch is the **global** batch, what one step sees. On
+    several workers (see `kerastower.worker_strategy`) each worker batches its
+    own part of the data this way, and one step sees every worker's batch:
+    the global batch is their sum, ``per_tower_batch_size`` times the towers
+    of all workers together (`kerastower.callbacks.BatchScaling` scales the
+    learning rate with it). A worker with 2 towers and one with 3, at 32
+    examples a tower, batch 64 and 96 examples: a global batch of 160.
 
     Example:
 
@@ -49,12 +57,12 @@ def batch_for_towers(
         dataset: An unbatched `tf.data.Dataset`, one example per element.
         per_tower_batch_size: The number of examples per tower and step, an
             integer of at least 1.
-        towers_or_model: The number of towers over all workers, an integer
-            of at least 1; or a model, whose ``num_towers`` (1 for a plain
-            `keras.Model`) times its ``num_workers`` (1 when absent) is used.
-        drop_remainder: Whether to drop a last global batch that is smaller
-            than the others, so that every step sees the same global batch
-            size. Defaults to ``False``.
+        towers_or_model: The number of towers of this worker, an integer of
+            at least 1; or a model, whose ``num_towers`` (1 for a plain
+            `keras.Model`) is used.
+        drop_remainder: Whether to drop a last batch that is smaller than the
+            others, so that every step sees the same global batch size.
+            Defaults to ``False``.
 
     Returns:
         The batched `tf.data.Dataset`.
@@ -68,5 +76,5 @@ def batch_for_towers(
             "`dataset` must be a tf.data.Dataset. "
             f"Received: dataset={type(dataset).__name__}"
         )
-    batch = global_batch_size(per_tower_batch_size, towers_or_model)
+    batch = worker_batch_size(per_tower_batch_size, towers_or_model)
     return dataset.batch(batch, drop_remainder=bool(drop_remainder))

@@ -38,6 +38,7 @@ class EntryPoints:
             replicas.copy_weights(self.trainable_weights)
 
     def fit(self, *args, **kwargs):
+        checks.check_not_distributed(args, kwargs, ("x", "validation_data"))
         ours = [BroadcastFromChief()] if self.num_workers > 1 else []
         replicas = self._tower_step.replicas
         if replicas is not None:
@@ -62,10 +63,12 @@ class EntryPoints:
             raise
 
     def evaluate(self, *args: Any, **kwargs: Any):
+        checks.check_not_distributed(args, kwargs, ("x",))
         self._copy_to_replicas()
         return super().evaluate(*args, **self._with_replica_reads(kwargs))
 
     def predict(self, *args: Any, **kwargs: Any):
+        checks.check_not_distributed(args, kwargs, ("x",))
         self._copy_to_replicas()
         return super().predict(*args, **self._with_replica_reads(kwargs))
 

@@ -41,21 +41,21 @@ class TowerModel(EntryPoints, _keras_compat.TrainerHooks, keras.Model):
     where ``D_i`` is what Keras divides tower ``i``'s loss by: its examples
     for the default reduction, its valid elements for a masked or
     ``ignore_class`` loss, its sample weights for ``"mean_with_sample_weight"``
-    (see `kerastower.step.loss_weighting`). Regularization losses are counted once.
-    The towers' gradients are summed (sparse ones stay sparse) and the
-    model's own optimizer applies them once, so clipping, weight decay and
-    optimizer state see exactly the single-device gradient. Metrics and the
-    loss tracker are updated once on the whole batch; predictions come back in
-    input order.
+    (checked against Keras's own reduction the first time it is used).
+    Regularization losses are counted once. The towers' gradients are
+    summed (sparse ones stay sparse) and the model's own optimizer applies
+    them once, so clipping, weight decay and optimizer state see exactly the
+    single-device gradient. Metrics and the loss tracker are updated once on
+    the whole batch; predictions come back in input order.
 
     Its variables are ordinary variables: no `strategy.scope()`, and weights
     files are interchangeable with a plain `keras.Model`'s.
 
     `BatchNormalization` layers are synchronised across towers during training
-    (two-pass mean and variance of the global batch, masks included; see
-    `kerastower.step.batch_norm`), so they match one device. Pass
-    ``sync_batch_norm=False`` to keep each layer's own ``synchronized``
-    setting (per-tower statistics, as stock `MirroredStrategy`).
+    (two-pass mean and variance of the global batch, masks included), so
+    they match one device. Pass ``sync_batch_norm=False`` to keep each
+    layer's own ``synchronized`` setting (per-tower statistics, as stock
+    `MirroredStrategy`).
 
     Example:
 
@@ -99,13 +99,11 @@ class TowerModel(EntryPoints, _keras_compat.TrainerHooks, keras.Model):
             alone otherwise. Defaults to ``None``.
         replicate_variables: Whether each tower trains on its own replica of
             the trainable variables, updated with the same ring all-reduced
-            gradient by a clone of the optimizer (see
-            `kerastower.reduce.replicas`): no device moves much more than
-            ``2 (N-1)/N`` times the gradient bytes per step, instead of about
-            ``N`` times that on the first tower. ``"auto"`` replicates when
-            every tower is a GPU, on one worker, and for a `train_step` of
-            your own on 5 GPUs or more (see
-            `kerastower.reduce.replica_setting`; on logical CPUs,
+            gradient by a clone of the optimizer: no device moves much more
+            than ``2 (N-1)/N`` times the gradient bytes per step, instead
+            of about ``N`` times that on the first tower. ``"auto"``
+            replicates when every tower is a GPU, on one worker, and for a
+            `train_step` of your own on 5 GPUs or more (on logical CPUs,
             ``$KERASTOWER_REPLICATE_VARIABLES=1`` forces it). ``True``
             replicates, on several workers in one ring over every worker's
             towers. Defaults to ``"auto"``.
@@ -116,7 +114,7 @@ class TowerModel(EntryPoints, _keras_compat.TrainerHooks, keras.Model):
             batch from every tower's gathered predictions, instead of on
             each shard: for losses that compare the examples of a batch
             (contrastive losses, `keras.losses.Circle`, `Dice` and `Tversky`
-            with ``axis=None``; see `kerastower.step.step_loss`); on several
+            with ``axis=None``, which raise an error without it); on several
             workers, of all workers' batches. Defaults to ``False``.
         **kwargs: Passed to `keras.Model`.
 
@@ -399,9 +397,9 @@ class TowerModel(EntryPoints, _keras_compat.TrainerHooks, keras.Model):
         Raises:
             ValueError: If `model` is a subclassed model (it has no graph of
                 inputs and outputs to reuse), is not built, or its class
-                defines a `train_step`, `compute_loss`, `call` or another
-                method of `kerastower.step.checks.STEP_METHODS` (which the new
-                model would not have).
+                defines a `call`, `train_step`, `test_step`, `predict_step`,
+                `compute_loss` or `compute_metrics` (which the new model would
+                not have).
         """
         inputs, outputs = checks.graph_to_wrap(model, cls)
         kwargs.setdefault("name", model.name)

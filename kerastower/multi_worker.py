@@ -3,7 +3,7 @@
 Within a worker, `TowerModel` splits its local batch over its local towers.
 Across workers it uses the collective all-reduce of a
 `tf.distribute.MultiWorkerMirroredStrategy`, TensorFlow's own multi-worker
-engine (`kerastower.reduce.workers` holds the sums): the global batch size,
+engine: the global batch size,
 the gradients and the metric updates are summed over workers, so every worker
 applies the same update to the same weights.
 
@@ -15,6 +15,8 @@ guide to several machines.
 """
 
 from __future__ import annotations
+
+import warnings
 
 import tensorflow as tf
 
@@ -31,7 +33,8 @@ def prepare_workers() -> bool:
     """Prepares this process to be a cluster worker, when `TF_CONFIG` says so.
 
     kerastower calls it when it is imported (after
-    `devices.configure_from_environment`; the ``kerastower`` command line is
+    it sets up the logical CPUs that ``KERASTOWER_LOGICAL_DEVICES`` asks for;
+    the ``kerastower`` command line is
     never prepared). Under a `TF_CONFIG` naming two or more training workers,
     it configures TensorFlow's collective ops the way
     `MultiWorkerMirroredStrategy` will, so that the runtime, whenever the
@@ -61,9 +64,10 @@ def worker_strategy(
 
     `TowerModel` calls it itself when `TF_CONFIG` names two or more workers;
     call it yourself to choose `timeout_seconds` (only the first call's is
-    used) or to use the strategy directly. It may come before or after the
-    model is built, provided kerastower was imported before TensorFlow started
-    its runtime (see `prepare_workers`).
+    used; a later call asking for another warns) or to use the strategy
+    directly. It may come before or after the model is built, provided
+    kerastower was imported before TensorFlow started its runtime (see
+    `prepare_workers`).
 
     Example:
 
@@ -116,6 +120,15 @@ def worker_strategy(
             ) from error
         _keras_compat.check_prepared()
         _STRATEGY = strategy
+    elif timeout_seconds is not None and timeout_seconds != _TIMEOUT_SECONDS:
+        warnings.warn(
+            f"`timeout_seconds={timeout_seconds:g}` is ignored: this process's "
+            f"strategy was made with timeout_seconds={_TIMEOUT_SECONDS:g}, by "
+            "an earlier call or by the first TowerModel. Call "
+            "`kerastower.worker_strategy(timeout_seconds=...)` before building "
+            "the model.",
+            stacklevel=2,
+        )
     return _STRATEGY
 
 

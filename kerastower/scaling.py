@@ -1,10 +1,11 @@
 """Pure math for scaling the learning rate with the global batch size.
 
 Users choose a **per-tower** batch size ``b`` and a learning rate ``lr_0`` tuned
-for a reference batch of ``B_0`` examples. With ``N`` towers on each of ``W``
-workers, every step sees the **global** batch
+for a reference batch of ``B_0`` examples. Worker ``i`` of ``W`` has ``N_i``
+towers and passes its own batch ``b * N_i`` to `fit`; every step sees the
+**global** batch, the sum over workers,
 
-    B = b * N * W
+    B = b * (N_1 + ... + N_W)    (b * N * W when every worker has N towers)
 
 and the learning rate follows the global batch (Goyal et al. 2017,
 "Accurate, Large Minibatch SGD"):
@@ -86,13 +87,13 @@ def check_warmup_epochs(warmup_epochs: Any) -> float:
 
 
 def towers_and_workers(towers_or_model: Any) -> tuple[int, int]:
-    """Returns ``(towers per worker, workers)`` for a tower count or a model.
+    """Returns ``(towers of this worker, workers)`` for a tower count or a model.
 
     Args:
-        towers_or_model: An integer of at least 1, the number of towers over
-            all workers (returned as ``(towers_or_model, 1)``); or a model,
-            whose ``num_towers`` (1 for a plain `keras.Model`) and
-            ``num_workers`` (1 when absent) are read.
+        towers_or_model: An integer of at least 1, a number of towers
+            (returned as ``(towers_or_model, 1)``); or a model, whose
+            ``num_towers`` (1 for a plain `keras.Model`) and ``num_workers``
+            (1 when absent) are read.
 
     Returns:
         A pair of integers of at least 1.
@@ -115,13 +116,50 @@ def towers_and_workers(towers_or_model: Any) -> tuple[int, int]:
     return towers, workers
 
 
+def worker_batch_size(per_tower_batch_size: int, towers_or_model: Any) -> int:
+    """Returns the batch of **this worker**: what its `model.fit` takes.
+
+    ``per_tower_batch_size * towers``, with ``towers`` this worker's towers:
+    the integer `towers_or_model`, or the model's ``num_towers`` (1 for a
+    plain `keras.Model`). On one worker it is the global batch; on several,
+    each worker passes its own, and the global batch is their sum.
+
+    Args:
+        per_tower_batch_size: The number of examples each tower processes per
+            step, an integer of at least 1.
+        towers_or_model: This worker's number of towers, an integer of at
+            least 1; or a `keras.Model`.
+
+    Returns:
+        This worker's batch size, an integer of at least 1.
+
+    Raises:
+        ValueError: If `per_tower_batch_size` is not an integer of at least 1
+            or `towers_or_model` is neither such an integer nor a model.
+    """
+    per_tower = check_positive_int("per_tower_batch_size", per_tower_batch_size)
+    towers, _ = towers_and_workers(towers_or_model)
+    return per_tower * towers
+
+
 def global_batch_size(per_tower_batch_size: int, towers_or_model: Any) -> int:
     """Returns the global batch size for a per-tower batch size.
 
     The **global** batch is what one training step sees over all towers and
-    workers, and what `model.fit` takes as ``batch_size`` for a `TowerModel`:
+    workers: ``B = per_tower_batch_size * towers``, with ``towers`` the
+    towers of all workers together.
 
-    ``B = per_tower_batch_size * towers * workers``.
+    - With an integer `towers_or_model`, that integer is the towers of all
+      workers together.
+    - With a model on one worker, ``towers = model.num_towers``: ``B`` is then
+      also what `model.fit` takes as ``batch_size``.
+    - With a model on several workers, ``towers = model.num_towers *
+      model.num_workers``: this assumes that **every worker has as many
+      towers** as this one, which the model cannot know without asking the
+      other workers (`kerastower.callbacks.BatchScaling` asks them, and
+      counts workers with different numbers of towers exactly). Each worker
+      passes its own batch, ``per_tower_batch_size * model.num_towers``, to
+      `model.fit`, not ``B``.
 
     Example:
 

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from typing import Any
 
 LOOPBACK = "127.0.0.1"
+"""The address of the local workers that `launch` starts."""
 # How many logical CPUs a worker makes on a machine without a GPU
 # (`kerastower.devices.configure_from_environment`).
 LOGICAL_DEVICES_VARIABLE = "KERASTOWER_LOGICAL_DEVICES"
@@ -36,7 +37,7 @@ def tf_config_for(
     Example:
 
     ```python
-    from kerastower.worker_configs import tf_config_for
+    from kerastower.launch import tf_config_for
 
     print(tf_config_for("host0:2222,host1:2222", 1))
     # {'cluster': {'worker': ['host0:2222', 'host1:2222']},
@@ -48,7 +49,9 @@ def tf_config_for(
             chief) first: a list, or one comma-separated string.
         index: This worker's index in `hosts`.
         evaluator: The ``host:port`` of the cluster's ``"evaluator"`` task,
-            or ``None`` for a cluster without one. Defaults to ``None``.
+            or ``None`` for a cluster without one. The evaluator's own
+            `TF_CONFIG` is the same with the task ``{"type": "evaluator",
+            "index": 0}``. Defaults to ``None``.
 
     Returns:
         The config as a dict, ready for `json.dumps`.

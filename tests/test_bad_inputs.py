@@ -122,6 +122,28 @@ ERRORS = {
         r"MultiWorkerMirroredStrategy\) or None\. "
         r"Received: strategy='mirrored'",
     ),
+    "strategy-one-machine": (
+        lambda mp, tp: kerastower.TowerModel.from_model(
+            mlp(), towers=2, strategy=tf.distribute.MirroredStrategy(["CPU:0"])
+        ),
+        ValueError,
+        r"`strategy` is the strategy of the workers that train together, a "
+        r"tf\.distribute\.MultiWorkerMirroredStrategy; the devices of this "
+        r"machine are `towers` \(for `MirroredStrategy\(devices=\[\.\.\.\]\)`, "
+        r"pass `towers=\[\.\.\.\]`\)\. Received: strategy=MirroredStrategy",
+    ),
+    "data-distributed-dataset": (
+        lambda mp, tp: model().fit(
+            tf.distribute.MirroredStrategy(["CPU:0"]).experimental_distribute_dataset(
+                tf.data.Dataset.from_tensor_slices((X, Y)).batch(8)
+            )
+        ),
+        ValueError,
+        r"`x` must be the tf\.data\.Dataset itself, not a tf\.distribute "
+        r"dataset: TowerModel splits each batch over its towers \(drop "
+        r"`strategy\.experimental_distribute_dataset` and "
+        r"`distribute_datasets_from_function`\)\. Received: x=DistributedDataset",
+    ),
     "from-model-not-a-model": (
         lambda mp, tp: kerastower.TowerModel.from_model("model.keras", towers=2),
         ValueError,

@@ -5,6 +5,7 @@ import os
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -128,3 +129,17 @@ def test_a_dying_worker_stops_the_other_with_an_error_in_bounded_time(tmp_path):
         )
     ), output[-3000:]
     assert elapsed < 120
+
+
+def test_a_later_timeout_that_would_be_ignored_warns(monkeypatch):
+    from kerastower import multi_worker
+
+    made = object()  # the strategy a first call (or a TowerModel) made
+    monkeypatch.setattr(multi_worker, "_STRATEGY", made)
+    monkeypatch.setattr(multi_worker, "_TIMEOUT_SECONDS", 600.0)
+    with pytest.warns(UserWarning, match=r"`timeout_seconds=15` is ignored: .*=600"):
+        assert multi_worker.worker_strategy(timeout_seconds=15) is made
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert multi_worker.worker_strategy(timeout_seconds=600) is made
+        assert multi_worker.worker_strategy() is made

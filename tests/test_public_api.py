@@ -13,6 +13,7 @@ def test_top_level_names():
             "TowerModel",
             "TowerStrategy",
             "AllReduceOptions",
+            "KerasCompatibilityError",
             "__version__",
             "available_devices",
             "batch_for_towers",

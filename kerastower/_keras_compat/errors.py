@@ -26,7 +26,17 @@ _MISSING = object()
 
 
 class KerasCompatibilityError(RuntimeError):
-    """A private Keras hook that kerastower needs is missing or has changed."""
+    """The installed Keras or TensorFlow is one that kerastower cannot run on.
+
+    Raised by ``import kerastower`` for a Keras or TensorFlow outside the
+    supported ranges (the message holds the command that installs a
+    supported one), and where a private Keras or TensorFlow hook that
+    kerastower needs is missing or has changed, naming the hook, so that a
+    Keras change gives this error, never a silently different model.
+    Importable as ``kerastower.KerasCompatibilityError``.
+    """
+
+    __module__ = "kerastower"  # its public home, in tracebacks too
 
     # Autograph (Keras 2's step functions) re-raises an error raised while
     # tracing as its own type only if it is built like `Exception`; any

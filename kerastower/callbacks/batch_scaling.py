@@ -5,11 +5,13 @@ from __future__ import annotations
 import warnings
 from typing import Any
 
+import numpy as np
 import tensorflow as tf
 
 from kerastower import _keras_compat, scaling
 from kerastower._keras_compat import family
 from kerastower._keras_compat.family import keras
+from kerastower.reduce import workers
 
 
 @keras.saving.register_keras_serializable(package="kerastower")
@@ -79,10 +81,15 @@ class BatchScaling(keras.callbacks.Callback):
     """Scales the learning rate with the global batch size, with gradual warmup.
 
     The user gives a **per-tower** batch size ``b`` and a learning rate
-    ``lr_0`` tuned for a reference **global** batch of ``B_0`` examples. With
-    ``N = model.num_towers`` towers (1 for a plain `keras.Model`) on
-    ``W = model.num_workers`` workers (1 when the model has no such attribute)
-    every step sees the global batch ``B = b * N * W`` and the target rate is
+    ``lr_0`` tuned for a reference **global** batch of ``B_0`` examples. On one
+    worker with ``N = model.num_towers`` towers (1 for a plain `keras.Model`)
+    every step sees the global batch ``B = b * N``, which is what `fit` takes
+    as ``batch_size``. On ``W = model.num_workers`` workers, worker ``i`` with
+    ``N_i`` towers passes its own batch ``b * N_i`` to its `fit`, and every
+    step sees the sum over workers, ``B = b * (N_1 + ... + N_W)``; workers may
+    have different numbers of towers (the callback sums them over the workers
+    once at the start of each `fit`, so every worker must use it). The target
+    rate is
 
     - ``rule="linear"``: ``lr_target = lr_0 * B / B_0``;
     - ``rule="sqrt"``: ``lr_target = lr_0 * sqrt(B / B_0)``.
@@ -114,8 +121,9 @@ class BatchScaling(keras.callbacks.Callback):
     the `History` show when they come after this callback in ``callbacks``.
 
     After the first step of each `fit`, the callback checks that the step saw
-    ``B`` examples, counted by the model's ``loss`` metric, and raises an error
-    that states both numbers otherwise (the learning rate would not match the
+    ``B`` examples over all workers, counted by the model's ``loss`` metric,
+    and raises an error that states both numbers and the ``batch_size`` this
+    worker should pass otherwise (the learning rate would not match the
     batch). With ``steps_per_execution > 1`` the first execution is checked.
 
     Example:
@@ -142,7 +150,7 @@ class BatchScaling(keras.callbacks.Callback):
     model.fit(
         x,
         y,
-        batch_size=kerastower.global_batch_size(64, model),  # 256
+        batch_size=64 * model.num_towers,  # this worker's batch: 256
         epochs=10,
         callbacks=[scaling, keras.callbacks.CSVLogger("log.csv")],  # logs the rate
     )
@@ -167,6 +175,13 @@ class BatchScaling(keras.callbacks.Callback):
             number of steps per epoch, or the optimizer's learning rate is a
             callable that is not a `LearningRateSchedule`; after the first step,
             if the batch was not the expected global batch.
+
+    Attributes:
+        global_batch_size: ``B``, the examples of one step over all towers
+            and workers; ``None`` until `fit` starts.
+        worker_batch_size: ``b * model.num_towers``, this worker's batch (what
+            its `fit` takes as ``batch_size``); ``None`` until `fit` starts.
+        target_learning_rate: ``lr_target``; ``None`` until `fit` starts.
     """
 
     def __init__(
@@ -190,8 +205,9 @@ class BatchScaling(keras.callbacks.Callback):
         self.rule = scaling.check_rule(rule)
         self.warmup_epochs = scaling.check_warmup_epochs(warmup_epochs)
         self.global_batch_size: int | None = None
+        self.worker_batch_size: int | None = None
         self.target_learning_rate: float | None = None
-        self._towers = self._workers = 1
+        self._towers = self._workers = self._all_towers = 1
         self._steps: int | None = None
         self._factor: keras.Variable | None = None
         self._epoch = 0
@@ -233,9 +249,9 @@ class BatchScaling(keras.callbacks.Callback):
     def on_train_begin(self, logs=None):
         _keras_compat.check_execution_steps(self.model, "BatchScaling")
         self._towers, self._workers = scaling.towers_and_workers(self.model)
-        self.global_batch_size = scaling.global_batch_size(
-            self.per_tower_batch_size, self.model
-        )
+        self._all_towers = self._count_all_towers()
+        self.worker_batch_size = self.per_tower_batch_size * self._towers
+        self.global_batch_size = self.per_tower_batch_size * self._all_towers
         self.target_learning_rate = scaling.target_learning_rate(
             self.base_learning_rate,
             self.base_batch_size,
@@ -252,6 +268,14 @@ class BatchScaling(keras.callbacks.Callback):
             )
         self._factor = self._attach(self.model.optimizer)
         self._checked = False
+
+    def _count_all_towers(self) -> int:
+        """The towers of all workers: one sum over the workers (they may differ)."""
+        if self._workers == 1:
+            return self._towers
+        mine = np.float32(self._towers)
+        total = workers.all_reduce_sum(self.model.worker_strategy, mine)
+        return int(round(float(total)))
 
     def _attach(self, optimizer: Any) -> keras.Variable | None:
         """Returns the variable that scales a schedule, or None for a float rate."""
@@ -327,12 +351,24 @@ class BatchScaling(keras.callbacks.Callback):
             else f"the first {steps} batches had {examples} examples in all, "
             f"not {steps} x {expected}"
         )
+        per_tower = self.per_tower_batch_size
+        if self._workers == 1:
+            raise ValueError(
+                f"`BatchScaling` expects global batches of {expected} examples "
+                f"(per_tower_batch_size={per_tower} x {self._towers} towers x "
+                f"1 workers), but {seen}. Pass `batch_size={expected}` to `fit`, "
+                "or batch a dataset with `kerastower.batch_for_towers`. "
+                f"Received: batch_size={examples / steps:g}; expected "
+                f"global_batch_size={expected}"
+            )
         raise ValueError(
             f"`BatchScaling` expects global batches of {expected} examples "
-            f"(per_tower_batch_size={self.per_tower_batch_size} x "
-            f"{self._towers} towers x {self._workers} workers), but {seen}. "
-            f"Pass `batch_size={expected}` to `fit`, or batch a dataset with "
-            "`kerastower.batch_for_towers`. "
-            f"Received: batch_size={examples / steps:g}; expected "
+            f"(per_tower_batch_size={per_tower} x {self._all_towers} towers "
+            f"over {self._workers} workers), but {seen} over all workers. "
+            f"Pass `batch_size={self.worker_batch_size}` to `fit` on this worker "
+            f"(per_tower_batch_size={per_tower} x its {self._towers} towers; "
+            "every worker passes its own towers' batch), or batch each worker's "
+            "dataset with `kerastower.batch_for_towers`. "
+            f"Received: global batch of {examples / steps:g}; expected "
             f"global_batch_size={expected}"
         )

@@ -12,6 +12,7 @@ import tensorflow as tf
 
 from kerastower import _keras_compat, cluster
 from kerastower._keras_compat.family import keras
+from kerastower.callbacks.counting import loss_count
 from kerastower.step.shards import split_sizes
 
 
@@ -98,15 +99,6 @@ def tower_examples(batch_sizes: list[int], towers: int) -> list[int]:
         for i, size in enumerate(split_sizes(batch_size, towers)):
             totals[i] += size
     return totals
-
-
-def _loss_count(model: keras.Model) -> int | None:
-    """Examples the model's ``loss`` metric has counted since its last reset."""
-    metric = next((m for m in model.metrics if m.name == "loss"), None)
-    count = getattr(metric, "count", None)
-    if count is None:
-        return None
-    return round(float(tf.convert_to_tensor(count).numpy()))
 
 
 class TowerMonitor(keras.callbacks.Callback):
@@ -236,7 +228,7 @@ class TowerMonitor(keras.callbacks.Callback):
             tf.config.experimental.reset_memory_stats(device)
 
     def on_train_batch_end(self, batch, logs=None):
-        count = _loss_count(self.model)
+        count = loss_count(self.model)
         if count is None:
             raise ValueError(
                 "`TowerMonitor` counts examples with the model's `loss` "

@@ -299,7 +299,7 @@ def check_strategy(strategy: Any) -> None:
 
     Raises:
         ValueError: If `strategy` is neither ``None`` nor a
-            `tf.distribute.Strategy`.
+            `tf.distribute.MultiWorkerMirroredStrategy`.
     """
     if strategy is not None and not isinstance(strategy, tf.distribute.Strategy):
         raise ValueError(
@@ -307,6 +307,41 @@ def check_strategy(strategy: Any) -> None:
             "MultiWorkerMirroredStrategy) or None. "
             f"Received: strategy={strategy!r}"
         )
+    workers = (
+        tf.distribute.MultiWorkerMirroredStrategy,
+        tf.distribute.experimental.MultiWorkerMirroredStrategy,
+    )
+    if strategy is not None and not isinstance(strategy, workers):
+        raise ValueError(
+            "`strategy` is the strategy of the workers that train together, a "
+            "tf.distribute.MultiWorkerMirroredStrategy; the devices of this "
+            "machine are `towers` (for `MirroredStrategy(devices=[...])`, pass "
+            f"`towers=[...]`). Received: strategy={type(strategy).__name__}"
+        )
+
+
+def check_not_distributed(args: tuple, kwargs: dict, names: tuple[str, ...]) -> None:
+    """Refuses a `tf.distribute` dataset where `TowerModel` takes plain data.
+
+    `names` are the data arguments to look at, the first also positional.
+
+    Raises:
+        ValueError: If one of them is a `tf.distribute.DistributedDataset`
+            (from ``strategy.experimental_distribute_dataset`` or
+            ``distribute_datasets_from_function``).
+    """
+    values = {name: kwargs.get(name) for name in names}
+    if args:
+        values[names[0]] = args[0]
+    for name, value in values.items():
+        if isinstance(value, tf.distribute.DistributedDataset):
+            raise ValueError(
+                f"`{name}` must be the tf.data.Dataset itself, not a "
+                "tf.distribute dataset: TowerModel splits each batch over its "
+                "towers (drop `strategy.experimental_distribute_dataset` and "
+                f"`distribute_datasets_from_function`). Received: {name}="
+                f"{type(value).__name__}"
+            )
 
 
 def graph_to_wrap(model: Any, cls: type) -> tuple[Any, Any]:

@@ -7,7 +7,12 @@ really used, not only the value the callback wrote.
 """
 
 import csv
+import json
 import math
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -85,12 +90,27 @@ def fit(model, callbacks, batch_size, epochs, **kwargs):
 
 
 def test_global_batch_size_counts_towers_and_workers():
-    assert kerastower.global_batch_size(32, 4) == 128
+    assert kerastower.global_batch_size(32, 4) == 128  # all workers' towers
     assert kerastower.global_batch_size(5, mlp()) == 5
     assert kerastower.global_batch_size(5, probe_model(towers=2)) == 10
+    # A model on several workers: every worker assumed to have its towers.
     plain = mlp()
     plain.num_towers, plain.num_workers = 3, 2
     assert kerastower.global_batch_size(5, plain) == 30
+
+
+def test_worker_batch_size_is_what_this_workers_fit_takes():
+    # One worker: the global batch. Several: this worker's towers only.
+    assert scaling.worker_batch_size(32, 4) == 128
+    assert scaling.worker_batch_size(5, mlp()) == 5
+    assert scaling.worker_batch_size(5, probe_model(towers=2)) == 10
+    plain = mlp()
+    plain.num_towers, plain.num_workers = 3, 2
+    assert scaling.worker_batch_size(5, plain) == 15
+    with pytest.raises(ValueError, match=r"Received: per_tower_batch_size=0"):
+        scaling.worker_batch_size(0, 2)
+    with pytest.raises(ValueError, match=r"Received: towers_or_model='2'"):
+        scaling.worker_batch_size(4, "2")
 
 
 def test_target_learning_rate_rules():
@@ -174,6 +194,16 @@ def test_batch_for_towers():
     assert sizes == [4, 4, 2]
     dropped = kerastower.batch_for_towers(dataset, 2, 2, drop_remainder=True)
     assert [b.numpy().tolist() for b in dropped] == [[0, 1, 2, 3], [4, 5, 6, 7]]
+
+
+def test_batch_for_towers_batches_this_workers_batch():
+    # One of two workers with 3 towers batches 2 x 3 examples, its own part
+    # of a global batch (the sum over workers): not 2 x 3 x 2.
+    plain = mlp()
+    plain.num_towers, plain.num_workers = 3, 2
+    batches = kerastower.batch_for_towers(tf.data.Dataset.range(14), 2, plain)
+    assert [len(b) for b in batches] == [6, 6, 2]
+    assert kerastower.global_batch_size(2, plain) == 12
 
 
 # --- the callback ----------------------------------------------------------
@@ -390,3 +420,53 @@ def test_schedule_wrapped_after_an_earlier_fit():
     fit(model, [BatchScaling(4, 0.1, 1), rec], 4, 1)
     want = [0.05 * 0.5 ** ((5 + j) / 3) * 4 for j in range(5)]
     np.testing.assert_allclose(list(rec.applied.values()), want, rtol=1e-5)
+
+
+SCALED = Path(__file__).resolve().parents[1] / "workers" / "scaled.py"
+
+
+@pytest.mark.slow
+def test_mixed_towers_over_two_workers_scale_with_the_true_global_batch(tmp_path):
+    # `kerastower launch -n 2 --towers 2,3`: 2 examples a tower make batches
+    # of 4 and 6, a global batch of 10 (not 2 x 2 x 2 or 2 x 3 x 2).
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KERASTOWER_")}
+    env.pop("TF_CONFIG", None)
+    env.update(TF_CPP_MIN_LOG_LEVEL="2", KERASTOWER_REPLICATE_VARIABLES="0")
+    command = [sys.executable, "-m", "kerastower", "launch", "-n", "2"]
+    command += ["--towers", "2,3", str(SCALED), str(tmp_path)]
+    result = subprocess.run(
+        command, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    reports = [json.loads((tmp_path / f"scaled{i}.json").read_text()) for i in (0, 1)]
+    steps = 3
+    target = 0.01 * 10 / 2  # lr_0 * B / B_0 = 0.05
+    want = [
+        closed_form(0.01, target, 2, k, j, steps)
+        for k in range(2)
+        for j in range(steps)
+    ]
+    for report, towers in zip(reports, (2, 3), strict=True):
+        assert (report["towers"], report["workers"]) == (towers, 2)
+        assert report["sizes"] == [2 * towers] * steps  # batch_for_towers
+        assert report["worker_batch_size"] == 2 * towers
+        assert report["global_batch_size"] == 10
+        assert report["target_learning_rate"] == pytest.approx(target)
+        # The rates the steps applied, and those logged after each epoch.
+        np.testing.assert_allclose(report["applied"], want, rtol=1e-5)
+        np.testing.assert_allclose(
+            report["learning_rate"], [want[steps - 1], want[-1]], rtol=1e-6
+        )
+        assert report["w"] == pytest.approx(-sum(want), rel=1e-5)
+        # The global batch passed to every worker's `fit` is refused, with
+        # the batch this worker should pass.
+        assert report["error"] == (
+            "`BatchScaling` expects global batches of 10 examples "
+            "(per_tower_batch_size=2 x 5 towers over 2 workers), but the first "
+            "batch had 20 examples over all workers. Pass "
+            f"`batch_size={2 * towers}` to `fit` on this worker "
+            f"(per_tower_batch_size=2 x its {towers} towers; every worker passes "
+            "its own towers' batch), or batch each worker's dataset with "
+            "`kerastower.batch_for_towers`. Received: global batch of 20; "
+            "expected global_batch_size=10"
+        )

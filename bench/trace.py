@@ -1,6 +1,6 @@
 """``python -m bench.trace``: time to the first training step, and steady steps.
 
-Every setup runs in a fresh process on 4 logical CPUs: it builds the model,
+Every setup runs in a fresh process on 8 logical CPUs: it builds the model,
 compiles it (SGD) and times
 
 - **first step**: one ``fit`` of one global batch, from the call to its
@@ -13,7 +13,9 @@ compiles it (SGD) and times
 
 Setups: ``plain`` (a `keras.Model` on one device), ``towerN``
 (`kerastower.TowerModel` over ``N`` logical CPUs, synchronised
-`BatchNormalization`, the default) and ``mirrored4`` (stock
+`BatchNormalization`, the default), ``replicasN`` (the same with
+``replicate_variables=True``, the default where the towers are GPUs),
+``xlaN`` (the same with ``jit_compile=True``) and ``mirrored4`` (stock
 `tf.distribute.MirroredStrategy` over 4 logical CPUs, unsynchronised
 `BatchNormalization`). Models: ``resnet50`` and ``densenet121``
 (`keras.applications`, 32x32x3 inputs, 5 classes, no weights), ``transformer``
@@ -42,10 +44,26 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = ROOT / "bench" / "results"
 MODELS = ("resnet50", "densenet121", "transformer", "convbn")
-SETUPS = ("plain", "tower2", "tower4", "mirrored4")
+SETUPS = (
+    "plain",
+    "tower2",
+    "tower4",
+    "tower8",
+    "replicas2",
+    "replicas4",
+    "replicas8",
+    "xla4",
+    "mirrored4",
+)
+# A setup's name: its kind, then its number of towers.
+_TOWER_OPTIONS = {
+    "tower": {},
+    "replicas": {"replicate_variables": True},
+    "xla": {"jit_compile": True},
+}
 BATCH = 8
 STEADY_STEPS = 10
-LOGICAL_DEVICES = 4
+LOGICAL_DEVICES = 8
 
 
 def build(name: str):
@@ -103,9 +121,12 @@ def _child(model_name: str, setup: str) -> None:
             model.compile(optimizer="sgd", loss=loss)
     else:
         model, x, y = build(model_name)
-        if setup.startswith("tower"):
-            towers = int(setup[len("tower") :])
-            model = kerastower.TowerModel.from_model(model, towers=towers)
+        kind = setup.rstrip("0123456789")
+        if kind in _TOWER_OPTIONS:
+            towers = int(setup[len(kind) :])
+            model = kerastower.TowerModel.from_model(
+                model, towers=towers, **_TOWER_OPTIONS[kind]
+            )
         model.compile(optimizer="sgd", loss=loss)
     built = time.perf_counter()
     model.fit(x, y, batch_size=BATCH, epochs=1, verbose=0)

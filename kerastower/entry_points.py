@@ -83,6 +83,13 @@ class EntryPoints:
 
     def train_on_batch(self, *args: Any, **kwargs: Any):
         self._copy_to_replicas()
+        replicas = self._tower_step.replicas
+        if replicas is not None and self.built and self.optimizer is not None:
+            # Made before the step traces: variables made in a trace would
+            # make the step function trace a second time.
+            if type(self).train_step is self._tower_train_step:
+                checks.check_no_overwritten_gradients(self, self.trainable_weights)
+                replicas.ensure(self.trainable_weights, self.optimizer)
         try:
             return super().train_on_batch(*args, **kwargs)
         except tf.errors.InvalidArgumentError as error:

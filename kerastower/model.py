@@ -245,7 +245,7 @@ class TowerModel(EntryPoints, _keras_compat.TrainerHooks, keras.Model):
         """Whether Keras's function for `step` ("train_step", ...) gets one
         round of Grappler: the step is ours and traces its towers once."""
         own = getattr(type(self), step) is getattr(TowerModel, step)
-        return own and traced_towers.applies(self, self._tower_step.replicas)
+        return own and traced_towers.applies(self)
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)

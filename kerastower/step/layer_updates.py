@@ -88,6 +88,9 @@ class StepState:
             threads (`kerastower._keras_compat.GlobalSeeds`).
         traced: ``(variables, values)`` that a tower traced once assigned,
             for `apply_traced`.
+        replica_values: While a tower traced once with replicas traces, the
+            calling tower's replica value of each replicated variable, by
+            ``id`` of the model's variable: inputs of the traced function.
     """
 
     values: list
@@ -96,6 +99,7 @@ class StepState:
     kept: dict = dataclasses.field(default_factory=dict)
     seeds: list = dataclasses.field(default_factory=list)
     traced: list = dataclasses.field(default_factory=list)
+    replica_values: dict | None = None
     global_seeds: Any = dataclasses.field(default_factory=_keras_compat.GlobalSeeds)
 
 
@@ -214,6 +218,8 @@ def _reads(model, variables, state, replicas, tower) -> Iterator[list]:
     if tower == 0:
         yield list(variables)
         return
+    if traced is not None and replicas is not None and state.replica_values is None:
+        raise RuntimeError("A tower traced once with replicas needs their values.")
     if not _keras_compat.RECORDS_ASSIGNMENTS:  # Keras 2: nothing is held
         # A metric's updates are summed over the towers (`_keras_compat.
         # scalar_means_weighted`); Keras 2 lists the variables of a metric
@@ -231,6 +237,8 @@ def _reads(model, variables, state, replicas, tower) -> Iterator[list]:
     def reads(variables):
         if replicas is None:
             return list(variables)
+        if traced is not None:  # the calling tower's replicas, as inputs
+            return [state.replica_values.get(id(v), v) for v in variables]
         return replicas.copies(variables, tower)
 
     read = reads(variables)

@@ -137,18 +137,30 @@ class TowerRuns:
                 state is not None
                 and not tf.executing_eagerly()
                 and _keras_compat.orders_calls_here()
-                and traced_towers.applies(model, self.replicas)
+                and traced_towers.applies(model)
             ):
 
-                def traced_fn(shard, weight, sizes):
+                def traced_fn(shard, weight, sizes, replica_values):
                     sum_fn = new_sum()
                     context = tower_context(model, total, sum_fn, sync_batch_norm=True)
                     gathering = self.loss.gathering(sizes, sum_fn, offset, total)
-                    with gathering, context as losses:
-                        result = weighted_fn(shard, weight, losses)
+                    state.replica_values = replica_values
+                    try:
+                        with gathering, context as losses:
+                            result = weighted_fn(shard, weight, losses)
+                    finally:
+                        state.replica_values = None
                     return result, layer_updates.traced_values(state)
 
-                runs = traced_towers.run(model, traced_fn, data, batch, total)
+                replicas = self.replicas
+                replicated = None
+                if replicas is not None and replicas.built:
+                    replicated = [
+                        replicas.replica_variables(i) for i in range(model.num_towers)
+                    ]
+                runs = traced_towers.run(
+                    model, traced_fn, data, batch, total, replicated
+                )
 
                 def traced(run):
                     def branch():

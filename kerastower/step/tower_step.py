@@ -10,8 +10,8 @@ A step, top to bottom (`TowerStep.train`):
    (`kerastower.step.loss_weighting`), with `BatchNormalization` statistics
    of the global batch (`kerastower.step.batch_norm`), and takes its
    gradients: one function traced once and called on every tower's device
-   (`kerastower.step.traced_towers`), or, with replicas, XLA, several
-   workers or ``global_batch_loss``, one copy per tower inside
+   (`kerastower.step.traced_towers`), or, with XLA, several workers or
+   ``global_batch_loss``, one copy per tower inside
    `tf.distribute.Strategy.run`.
 3. The towers' gradients are summed into the one-device gradient
    (`kerastower.reduce.gradients.sum_gradients`), summed over workers when there are
@@ -252,6 +252,8 @@ class TowerStep:
                 with layer_updates.tower_reads(
                     self.model, variables, state, replicas
                 ) as read:
+                    # A tower traced once reads its replicas as inputs.
+                    tape.watch([r for r in read if isinstance(r, tf.Tensor)])
                     loss, outputs = loss_fn(shard)
                     loss, per_output = self.loss.weigh(loss, weight, losses)
                     scaled = loss if scale_loss is None else scale_loss(loss)

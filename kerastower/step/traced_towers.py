@@ -20,6 +20,9 @@ it makes the model's assignments) is now an input:
   divisors) are ``CollectiveReduceV2`` ops inside the function, over the
   calls that run together: ``members`` of them, in the group of their
   devices (`kerastower.reduce.keys.group_key`);
+- with replicas, the values of its replicas, read on its device (tower 0's
+  are the model's own variables): the function differentiates them as
+  inputs, and the replicas' updates stay outside it;
 - every tower reads the model's weights through a `keras.StatelessScope`
   and returns what it would assign (`kerastower.step.layer_updates`); the
   step makes tower 0's assignments after the calls, as the towers traced one
@@ -40,6 +43,7 @@ step, but a fit's steps took up to 17% longer.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -51,10 +55,10 @@ from kerastower.reduce.towers import sum_by_dtype
 from kerastower.step.shards import tower_shards
 
 
-def applies(model, replicas) -> bool:
+def applies(model) -> bool:
     """Whether a traced step of `model` runs its towers as one function.
 
-    Towers are traced once on one worker, without replicas, without XLA and
+    Towers are traced once on one worker, without XLA and
     without ``global_batch_loss`` (whose gathered batch changes shape with
     the batch, and a collective's instance key keeps the shape it first
     summed) and without Keras 2's random layers (whose ops keep the seed
@@ -65,7 +69,6 @@ def applies(model, replicas) -> bool:
         _keras_compat.NOINLINE_FUNCTIONS
         and model.num_towers > 1
         and model.num_workers == 1
-        and replicas is None
         and not model.jit_compile
         and not model.global_batch_loss
         and not _keras_compat.draws_per_traced_op(_keras_compat.inner_layers(model))
@@ -130,20 +133,32 @@ def _spec(value: Any) -> Any:
 
 
 def run(
-    model, tower_fn: Callable, data: Any, batch: tf.Tensor, total: tf.Tensor
+    model,
+    tower_fn: Callable,
+    data: Any,
+    batch: tf.Tensor,
+    total: tf.Tensor,
+    replicated: Sequence[Sequence[Any]] | None = None,
 ) -> tuple[Callable, Callable]:
     """Traces `tower_fn` once; returns the towers' and the one tower's runs.
 
     Args:
         model: The `kerastower.TowerModel`.
-        tower_fn: ``tower_fn(shard, weight, sizes)``, one tower's step on its
-            shard, weighted by its share ``n_i / B`` (float64) of the batch
-            whose towers hold ``sizes`` examples each (int32, ``(N,)``):
-            traced once, inside a replica context whose replica id is the
-            calling tower's and whose all-reduce sums over the calls.
+        tower_fn: ``tower_fn(shard, weight, sizes, replica_values)``, one
+            tower's step on its shard, weighted by its share ``n_i / B``
+            (float64) of the batch whose towers hold ``sizes`` examples each
+            (int32, ``(N,)``): traced once, inside a replica context whose
+            replica id is the calling tower's and whose all-reduce sums over
+            the calls. ``replica_values`` maps the ``id`` of each variable
+            of ``replicated[0]`` to the calling tower's value of it (an
+            input of the function), or is ``None`` without `replicated`.
         data: The global batch.
         batch: ``B``, int32.
         total: ``B``, float32 (this worker's examples).
+        replicated: With replicas, each tower's replicated variables, tower
+            0's (the model's own) first: tower ``i`` passes the values of
+            ``replicated[i]``, read on its device, so that one trace serves
+            every tower's replicas.
 
     Returns:
         ``(on_towers, on_one_tower)``: functions that call the traced tower
@@ -155,10 +170,17 @@ def run(
     strategy = model.tower_strategy
     first_key = keys.reserve(keys.STEP_BLOCK)
 
-    def body(shard, weight, tower, tower_sizes, group_size, group_key):
+    primaries = list(replicated[0]) if replicated else []
+
+    def body(shard, weight, tower, tower_sizes, group_size, group_key, values):
         collectives = TowerCollectives(group_size, group_key, first_key)
+        replica_values = (
+            {id(v): value for v, value in zip(primaries, values)}
+            if replicated
+            else None
+        )
         with _keras_compat.tower_replica_context(strategy, tower, collectives):
-            return tower_fn(shard, weight, tower_sizes)
+            return tower_fn(shard, weight, tower_sizes, replica_values)
 
     function = tf.function(
         body, autograph=False, experimental_attributes={"_noinline": True}
@@ -171,16 +193,32 @@ def run(
         tf.TensorSpec([towers], tf.int32),
         int32,
         int32,
+        [tf.TensorSpec(v.shape, v.dtype) for v in primaries],
     )
 
     def call(tower, shard, weight, tower_sizes, members):
         group = keys.group_key(model.tower_devices[:members])
+        device = model.tower_devices[tower]
+        with tf.device(device):  # each tower reads its replicas where they are
+            values = (
+                [tf.convert_to_tensor(v) for v in replicated[tower]]
+                if replicated
+                else []
+            )
         args = (shard, weight, tower, tower_sizes, members, group)
         # Grappler specialises a function for each call whose inputs are
         # constants, and optimises each specialisation: unseen, they are not.
-        args = tf.nest.map_structure(_unseen, args)
-        device = model.tower_devices[tower]
-        with tf.device(device), _keras_compat.calls_without_graph_optimizer():
+        args = (*tf.nest.map_structure(_unseen, args), values)
+        # Towers reading the model's variables skip Grappler: it cost their
+        # first step more than it saved. Towers reading their replicas keep
+        # it: their first step waits on the replicas' updates, and Grappler
+        # took 15-20% off their steady step (the Transformer of bench.trace).
+        options = (
+            contextlib.nullcontext()
+            if replicated
+            else _keras_compat.calls_without_graph_optimizer()
+        )
+        with tf.device(device), options:
             result = concrete(*args)
         calls = {
             leaf.op

@@ -77,7 +77,7 @@ def assert_replicas_in_sync(model):
     [keras.optimizers.SGD(0.05, momentum=0.9), keras.optimizers.Adam(0.01)],
     ids=["sgd", "adam"],
 )
-def test_mlp_matches_one_device(towers, batch_size, optimizer):
+def test_mlp_matches_one_device(towers, batch_size, optimizer, float64):
     # 23 examples: uneven shards, a short last batch, and (batch 1 and 3 on
     # four towers) batches smaller than the tower count.
     x, y = regression_data(n=23)

@@ -11,6 +11,7 @@ import tensorflow as tf
 from kerastower import _keras_compat, scaling
 from kerastower._keras_compat import family
 from kerastower._keras_compat.family import keras
+from kerastower.callbacks.counting import loss_count
 from kerastower.reduce import workers
 
 
@@ -322,9 +323,7 @@ class BatchScaling(keras.callbacks.Callback):
 
     def _check_batch_size(self, last_step: int) -> None:
         expected = self.global_batch_size
-        loss_metric = next((m for m in self.model.metrics if m.name == "loss"), None)
-        count = getattr(loss_metric, "count", None)
-        examples = 0 if count is None else round(float(family.value_of(count)))
+        examples = loss_count(self.model) or 0
         if examples == 0:
             warnings.warn(
                 "`BatchScaling` could not check the global batch size: the "

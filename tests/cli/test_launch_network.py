@@ -52,6 +52,7 @@ def _private_network_allowed() -> bool:
     return True
 
 
+PRIVATE_NETWORK = _private_network_allowed()
 needs_address = pytest.mark.skipif(
     _machine_address() is None, reason="this machine has no non-loopback address"
 )
@@ -95,9 +96,7 @@ def _probe_launch(tmp_path, network: str) -> tuple[list[bool], str]:
 
 
 @needs_address
-@pytest.mark.skipif(
-    not _private_network_allowed(), reason="this system has no network namespaces"
-)
+@pytest.mark.skipif(not PRIVATE_NETWORK, reason="this system has no network namespaces")
 def test_a_local_launch_is_not_reachable_on_the_machines_address(tmp_path):
     reached, err = _probe_launch(tmp_path, "private")
     assert reached == [False, False]
@@ -141,9 +140,7 @@ def test_asking_for_a_private_network_where_there_is_none_is_an_error(
         launch.launch([str(script)], 1, network="private")
 
 
-@pytest.mark.skipif(
-    not _private_network_allowed(), reason="this system has no network namespaces"
-)
+@pytest.mark.skipif(not PRIVATE_NETWORK, reason="this system has no network namespaces")
 def test_a_worker_in_the_private_network_sees_loopback_only(tmp_path):
     network = private_network.PrivateNetwork.open()
     try:

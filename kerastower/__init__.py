@@ -34,10 +34,35 @@ __all__ = [
     "worker_strategy",
 ]
 
+# What the TensorFlow backend has and the JAX one does not (yet).
+_TENSORFLOW_ONLY = [
+    name
+    for name in __all__
+    if name not in ("KerasCompatibilityError", "TowerModel", "__version__")
+]
+
 # The command line imports what each subcommand needs itself (see `_startup`).
-if not _startup.started_as_command():
+if _startup.started_as_command():
+    pass
+elif _startup.on_jax():
+    from kerastower import _jax_compat  # noqa: F401 - first: says what is missing
+    from kerastower._errors import KerasCompatibilityError
+    from kerastower.on_jax import TowerModel
+
+    __all__ = ["KerasCompatibilityError", "TowerModel", "__version__"]
+
+    def __getattr__(name: str):
+        if name in _TENSORFLOW_ONLY:
+            raise AttributeError(
+                f"`kerastower.{name}` runs on Keras's TensorFlow backend, and "
+                "Keras runs on JAX here (KERAS_BACKEND=jax): on JAX, kerastower "
+                "has `TowerModel` (https://kerastower.github.io/kerastower/"
+                "guides/jax/)."
+            )
+        raise AttributeError(f"module 'kerastower' has no attribute {name!r}")
+else:
     from kerastower import callbacks, cluster, evaluator, multi_worker, testing
-    from kerastower._keras_compat.errors import KerasCompatibilityError
+    from kerastower._errors import KerasCompatibilityError
     from kerastower.cluster import is_chief, is_multi_worker, num_workers, worker_index
     from kerastower.data import batch_for_towers
     from kerastower.devices import available_devices, configure_logical_devices

@@ -10,9 +10,10 @@ metadata names, without the seconds that importing TensorFlow takes:
 - else the ``keras`` package: Keras 3, or on TensorFlow 2.12 to 2.15 the
   Keras 2 those releases ship as `tf.keras`.
 
-Keras 3 must run on its TensorFlow backend: `check_backend_variable` refuses
-another one before TensorFlow is imported, `family` the one Keras then runs
-on (set in Keras's ``keras.json``), both with `unsupported_backend`'s error.
+Keras 3 runs on its TensorFlow backend, or on JAX (`backend` says which):
+`check_backend_variable` refuses another one before Keras is imported,
+`family` the one Keras then runs on (set in Keras's ``keras.json``), both with
+`unsupported_backend`'s error.
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ LEGACY_VARIABLE = "TF_USE_LEGACY_KERAS"
 _LEGACY_VALUES = ("true", "True", "1")
 BACKEND_VARIABLE = "KERAS_BACKEND"
 SUPPORTED_BACKEND = "tensorflow"
+JAX_BACKEND = "jax"
+SUPPORTED_BACKENDS = (SUPPORTED_BACKEND, JAX_BACKEND)
 # The distributions that install the `tensorflow` package, as pip names them.
 TENSORFLOW_DISTRIBUTIONS = (
     "tensorflow",
@@ -93,7 +96,7 @@ def missing_tf_keras(tensorflow_version: str) -> ImportError:
 
 
 def unsupported_backend(backend: str, where: str) -> ImportError:
-    """The error for Keras 3 set to run on a backend other than TensorFlow.
+    """The error for Keras 3 set to run on a backend kerastower does not know.
 
     Args:
         backend: The backend Keras is set to.
@@ -102,8 +105,8 @@ def unsupported_backend(backend: str, where: str) -> ImportError:
     """
     if where == BACKEND_VARIABLE:
         fix = (
-            f"unset `{BACKEND_VARIABLE}` or set it to "
-            f"'{SUPPORTED_BACKEND}'. Received: {BACKEND_VARIABLE}={backend!r}"
+            f"unset `{BACKEND_VARIABLE}` or set it to '{SUPPORTED_BACKEND}' or "
+            f"'{JAX_BACKEND}'. Received: {BACKEND_VARIABLE}={backend!r}"
         )
     else:
         fix = (
@@ -112,8 +115,8 @@ def unsupported_backend(backend: str, where: str) -> ImportError:
             f"Received: backend={backend!r} in {where}"
         )
     return ImportError(
-        "kerastower runs on Keras 3 with the TensorFlow backend, or on Keras 2 "
-        f"(tf.keras or tf_keras), not on Keras's {backend!r} backend: {fix}"
+        "kerastower runs on Keras 3 with the TensorFlow or JAX backend, or on "
+        f"Keras 2 (tf.keras or tf_keras), not on Keras's {backend!r} backend: {fix}"
     )
 
 
@@ -132,20 +135,42 @@ def check_backend_variable() -> None:
 
     Raises:
         ImportError: If ``$KERAS_BACKEND`` or the configuration file names a
-            backend other than TensorFlow and kerastower would run on Keras 3.
+            backend other than TensorFlow or JAX and kerastower would run on
+            Keras 3.
     """
-    backend, where = os.environ.get(BACKEND_VARIABLE), BACKEND_VARIABLE
-    if not backend:
-        backend, where = _configured_backend()
-    if not backend or backend == SUPPORTED_BACKEND:
-        return
+    requested, where = _requested_backend()
+    if requested and requested not in SUPPORTED_BACKENDS and _runs_keras_3():
+        raise unsupported_backend(requested, where)
+
+
+def backend() -> str:
+    """The backend kerastower runs on: ``"jax"`` or ``"tensorflow"``.
+
+    ``"jax"`` where ``$KERAS_BACKEND`` (else Keras's ``keras.json``) names it
+    and the Keras in use is Keras 3; ``"tensorflow"`` otherwise, Keras 2
+    included, which has no other backend.
+    """
+    requested, _ = _requested_backend()
+    if requested == JAX_BACKEND and _runs_keras_3():
+        return JAX_BACKEND
+    return SUPPORTED_BACKEND
+
+
+def _runs_keras_3() -> bool:
+    """Whether the Keras in use is Keras 3 (its backend setting counts)."""
     tensorflow_version = installed_version(*TENSORFLOW_DISTRIBUTIONS)
     if tensorflow_version is not None and uses_tf_keras(tensorflow_version):
-        return
+        return False
     keras_version = installed_version("keras")
-    if keras_version is not None and release(keras_version) < (3,):
-        return
-    raise unsupported_backend(backend, where)
+    return keras_version is None or release(keras_version) >= (3,)
+
+
+def _requested_backend() -> tuple[str | None, str]:
+    """The backend ``$KERAS_BACKEND`` names, else ``keras.json``, and which."""
+    requested = os.environ.get(BACKEND_VARIABLE)
+    if requested:
+        return requested, BACKEND_VARIABLE
+    return _configured_backend()
 
 
 def _configured_backend() -> tuple[str | None, str]:

@@ -41,6 +41,13 @@ def started_as_command() -> bool:
     return False
 
 
+def on_jax() -> bool:
+    """Whether kerastower runs on Keras 3's JAX backend (``KERAS_BACKEND=jax``)."""
+    from kerastower import _installed_keras
+
+    return _installed_keras.backend() == _installed_keras.JAX_BACKEND
+
+
 def prepare_process() -> None:
     """Configures devices and the cluster worker from the environment.
 
@@ -58,6 +65,8 @@ def prepare_process() -> None:
 
     # Before TensorFlow, whose import imports Keras on that backend.
     _installed_keras.check_backend_variable()
+    if on_jax():
+        return  # JAX's devices are its own (`kerastower.on_jax`)
     from kerastower import devices, multi_worker
 
     devices.configure_from_environment()

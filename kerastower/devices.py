@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import os
-import warnings
-from collections.abc import Sequence
 
 import tensorflow as tf
 
-from kerastower import cluster
+from kerastower import cluster, tower_choice
+from kerastower.tower_choice import Towers
 from kerastower.worker_configs import LOGICAL_DEVICES_VARIABLE
 
 
@@ -163,7 +162,7 @@ def _matches(wanted: tf.DeviceSpec, device: tf.DeviceSpec) -> bool:
     )
 
 
-def resolve_towers(towers: int | Sequence[str] | None) -> list[str]:
+def resolve_towers(towers: Towers) -> list[str]:
     """Turns the `towers` argument of `TowerModel` into device names.
 
     Args:
@@ -178,78 +177,17 @@ def resolve_towers(towers: int | Sequence[str] | None) -> list[str]:
         ValueError: If `towers` is not one of the above, asks for more devices
             than are available, or names a device that does not exist.
     """
-    available = available_devices()
-    if towers is None:
-        return available
-    if isinstance(towers, bool) or isinstance(towers, (float, str, bytes)):
-        raise ValueError(
-            "`towers` must be None, an integer >= 1 or a list of device "
-            f"names. Received: towers={towers!r}"
-        )
-    if isinstance(towers, int):
-        if towers < 1:
-            raise ValueError(
-                f"`towers` must be an integer >= 1. Received: towers={towers}"
-            )
-        if towers > len(available):
-            raise ValueError(
-                f"`towers` must be at most the number of available devices "
-                f"({len(available)}: {', '.join(available)}). "
-                f"Received: towers={towers}"
-            )
-        return available[:towers]
-    if isinstance(towers, Sequence):
-        names = list(towers)
-        if not names or not all(isinstance(n, str) for n in names):
-            raise ValueError(
-                "`towers` as a list must hold one or more device names. "
-                f"Received: towers={towers!r}"
-            )
-        known = [d.name for d in tf.config.list_logical_devices()]
-        resolved = []
-        for name in names:
-            wanted = tf.DeviceSpec.from_string(
-                name if "/" in name else f"/device:{name}"
-            )
-            found = [d for d in known if _matches(wanted, tf.DeviceSpec.from_string(d))]
-            if not found:
-                raise ValueError(
-                    f"`towers` names a device that does not exist: {name!r}. "
-                    f"Available: {', '.join(known)}. "
-                    f"Received: towers={towers!r}"
-                )
-            resolved.append(found[0])
-        if len(set(resolved)) != len(resolved):
-            raise ValueError(
-                f"`towers` must not name a device twice. Received: towers={towers!r}"
-            )
-        return resolved
-    raise ValueError(
-        "`towers` must be None, an integer >= 1 or a list of device names. "
-        f"Received: towers={towers!r}"
-    )
+    known = [d.name for d in tf.config.list_logical_devices()]
+
+    def find(name: str) -> str | None:
+        wanted = tf.DeviceSpec.from_string(name if "/" in name else f"/device:{name}")
+        found = [d for d in known if _matches(wanted, tf.DeviceSpec.from_string(d))]
+        return found[0] if found else None
+
+    return tower_choice.choose_towers(towers, available_devices(), known, find)
 
 
-def saved_towers(towers: int | Sequence[str] | None) -> int | Sequence[str] | None:
-    """The `towers` of a saved `TowerModel`, or ``None`` where unavailable.
-
-    A model saved on a machine with more devices (or other device names)
-    loads on this one over every available device, with a warning.
-
-    Args:
-        towers: The `towers` argument the model was saved with.
-
-    Returns:
-        `towers`, or ``None`` when this machine cannot provide them.
-    """
-    try:
-        resolve_towers(towers)
-    except ValueError as error:
-        warnings.warn(
-            f"The saved model asked for towers={towers!r}, which this "
-            f"machine cannot provide ({error}); using every available "
-            "device instead.",
-            stacklevel=3,
-        )
-        return None
-    return towers
+def saved_towers(towers: Towers) -> Towers:
+    """The `towers` of a saved `TowerModel`, or ``None`` where this machine
+    cannot provide them (`kerastower.tower_choice.saved_towers`)."""
+    return tower_choice.saved_towers(towers, resolve_towers)

@@ -20,6 +20,10 @@ LAYERS = [
     # The fence around private Keras and TensorFlow, and plain-Python helpers.
     [
         "kerastower._keras_compat.",
+        "kerastower._jax_compat.",
+        "kerastower._errors",
+        "kerastower._functional_variants",
+        "kerastower.tower_choice",
         "kerastower._installed_keras",
         "kerastower.cluster",
         "kerastower.worker_configs",
@@ -39,6 +43,7 @@ LAYERS = [
     ["kerastower.reduce."],  # every sum across towers, workers, replicas
     ["kerastower.step."],  # one step over this worker's towers
     ["kerastower.model", "kerastower.entry_points", "kerastower.data"],
+    ["kerastower.on_jax."],  # `TowerModel` on Keras's JAX backend
     ["kerastower.callbacks.", "kerastower.evaluator", "kerastower.testing."],
     ["kerastower", "kerastower._startup"],  # the public face
     ["kerastower.cli.", "kerastower.__main__"],  # the command line: a leaf
@@ -50,6 +55,7 @@ ALLOWED_PRIVATE_READS = {
     # The fence: the one package that reads private Keras and TensorFlow
     # attributes, each checked against the installed version.
     "kerastower._keras_compat.": "the private-Keras fence",
+    "kerastower._jax_compat.": "the private-Keras fence on JAX",
     # Public names that begin with an underscore.
     "os._exit": "exits at once from the grace-period timer thread",
     "_fields": "namedtuple's public field list",
@@ -224,6 +230,45 @@ def test_the_circle_and_layer_checks_can_fail(monkeypatch):
     monkeypatch.setitem(GRAPH, "kerastower.cli.command", {"kerastower.multi_worker"})
     with pytest.raises(AssertionError, match="import circles"):
         test_no_import_circle()
+
+
+# What the JAX wing may import: itself and the plain-Python modules shared by
+# both backends. Nothing of TensorFlow's side, which a JAX install lacks.
+JAX_WING = ("kerastower.on_jax", "kerastower._jax_compat")
+SHARED = (
+    "kerastower._errors",
+    "kerastower._functional_variants",
+    "kerastower._installed_keras",
+    "kerastower.tower_choice",
+)
+
+
+def _in(name: str, packages) -> bool:
+    return any(name == p or name.startswith(p + ".") for p in packages)
+
+
+def jax_wing_leaks(graph) -> list[str]:
+    """Imports crossing between the JAX wing and TensorFlow's side."""
+    leaks = []
+    for name, deps in graph.items():
+        for dep in deps:
+            if _in(name, JAX_WING) and not _in(dep, JAX_WING + SHARED):
+                leaks.append(f"{name} imports {dep}")
+            if _in(dep, JAX_WING) and not _in(name, JAX_WING) and name != "kerastower":
+                leaks.append(f"{name} imports {dep}")
+    return sorted(leaks)
+
+
+def test_the_jax_wing_and_tensorflow_side_do_not_import_each_other(monkeypatch):
+    assert "kerastower.on_jax.model" in GRAPH  # the parser saw the wing
+    assert "kerastower._jax_compat" in GRAPH["kerastower.on_jax.model"]
+    assert jax_wing_leaks(GRAPH) == []
+    monkeypatch.setitem(GRAPH, "kerastower.on_jax.steps", {"kerastower.model"})
+    monkeypatch.setitem(GRAPH, "kerastower.step.checks", {"kerastower.on_jax"})
+    assert jax_wing_leaks(GRAPH) == [
+        "kerastower.on_jax.steps imports kerastower.model",
+        "kerastower.step.checks imports kerastower.on_jax",
+    ]
 
 
 def test_modules_stay_under_about_400_lines():

@@ -2,8 +2,8 @@
 
 The rule is read from package metadata for ``kerastower --version`` and
 applied to the imported modules by `kerastower._keras_compat.family`; a Keras 3
-set to a backend other than TensorFlow fails `import kerastower` with an
-`ImportError` that says how to switch back. The imports run in subprocesses:
+set to a backend other than TensorFlow or JAX fails `import kerastower` with
+an `ImportError` that says how to switch. The imports run in subprocesses:
 Keras reads its backend once per process.
 """
 
@@ -21,7 +21,8 @@ from kerastower._keras_compat import family
 
 ROOT = Path(__file__).resolve().parents[1]
 SUPPORTED = (
-    r"Keras 3 with the TensorFlow backend, or on Keras 2 \(tf.keras or tf_keras\)"
+    r"Keras 3 with the TensorFlow or JAX backend, or on Keras 2 "
+    r"\(tf.keras or tf_keras\)"
 )
 
 
@@ -51,21 +52,21 @@ def _installed(name: str) -> bool:
 
 
 # `numpy` needs nothing beyond Keras and NumPy to be a backend, so that the
-# refusal is kerastower's own even where jax and torch are not installed.
-@pytest.mark.parametrize("backend", ["jax", "torch", "numpy"])
+# refusal is kerastower's own even where torch is not installed.
+@pytest.mark.parametrize("backend", ["torch", "numpy"])
 def test_another_keras_backend_is_refused_with_what_to_do(tmp_path, backend):
     result = _import_kerastower(tmp_path, KERAS_BACKEND=backend)
     assert result.returncode == 1
     last = result.stderr.strip().splitlines()[-1]
     assert last.startswith("ImportError: kerastower runs on "), result.stderr
     assert f"not on Keras's {backend!r} backend" in last
-    assert "unset `KERAS_BACKEND` or set it to 'tensorflow'" in last
+    assert "unset `KERAS_BACKEND` or set it to 'tensorflow' or 'jax'" in last
     assert last.endswith(f"Received: KERAS_BACKEND={backend!r}"), last
     # Whether or not the backend's package is installed, the message is ours.
     assert f"No module named '{backend}'" not in result.stderr
 
 
-@pytest.mark.parametrize("backend", ["jax", "torch"])
+@pytest.mark.parametrize("backend", ["numpy", "torch"])
 def test_the_backend_of_keras_json_is_checked_too(tmp_path, backend):
     (tmp_path / "keras.json").write_text(json.dumps({"backend": backend}))
     result = _import_kerastower(tmp_path, KERAS_HOME=str(tmp_path))
@@ -85,13 +86,38 @@ def test_the_backend_of_keras_json_is_checked_too(tmp_path, backend):
     )
     assert chosen.returncode == 0, chosen.stderr
     empty = _import_kerastower(tmp_path, KERAS_HOME=str(tmp_path), KERAS_BACKEND="")
-    assert "Received: backend='jax' in" in empty.stderr
+    assert "Received: backend='numpy' in" in empty.stderr
 
 
 def test_tensorflow_and_an_empty_variable_are_accepted(monkeypatch):
     for value in ("tensorflow", ""):
         monkeypatch.setenv("KERAS_BACKEND", value)
         installed.check_backend_variable()
+
+
+def test_the_jax_backend_is_chosen_only_on_keras_3(monkeypatch):
+    monkeypatch.setenv("KERAS_BACKEND", "jax")
+    _fake_versions(monkeypatch, tensorflow="2.16.2", keras="3.15.1")
+    assert installed.backend() == "jax"
+    installed.check_backend_variable()
+    _fake_versions(monkeypatch, tensorflow="2.15.1", keras="2.15.0")
+    assert installed.backend() == "tensorflow"  # Keras 2 has no other
+    _fake_versions(monkeypatch, tensorflow="2.16.2", keras="3.8.0", tf_keras="2.16.0")
+    monkeypatch.setenv("TF_USE_LEGACY_KERAS", "1")
+    assert installed.backend() == "tensorflow"
+    monkeypatch.delenv("TF_USE_LEGACY_KERAS")
+    monkeypatch.setenv("KERAS_BACKEND", "tensorflow")
+    assert installed.backend() == "tensorflow"
+
+
+def test_the_jax_backend_without_jax_says_what_to_install(tmp_path):
+    if _installed("jax"):
+        pytest.skip("this environment has jax installed (tests/jax covers it)")
+    result = _import_kerastower(tmp_path, KERAS_BACKEND="jax")
+    assert result.returncode == 1
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("ImportError: Keras is set to its JAX backend"), last
+    assert "pip install 'kerastower[jax]'" in last
 
 
 def _fake_versions(monkeypatch, **versions):
@@ -105,7 +131,7 @@ def _fake_versions(monkeypatch, **versions):
 
 
 def test_keras_2_ignores_the_backend_variable(monkeypatch):
-    monkeypatch.setenv("KERAS_BACKEND", "jax")
+    monkeypatch.setenv("KERAS_BACKEND", "torch")
     _fake_versions(monkeypatch, tensorflow="2.15.1", keras="2.15.0")
     installed.check_backend_variable()  # Keras 2 has only TensorFlow
     _fake_versions(monkeypatch, tensorflow="2.16.2", keras="3.8.0", tf_keras="2.16.0")
@@ -119,14 +145,16 @@ def test_keras_2_ignores_the_backend_variable(monkeypatch):
 def test_a_backend_that_keras_loaded_is_refused_after_the_import(monkeypatch, tmp_path):
     # Where the backend's package is installed, Keras imports on it: the check
     # reads the backend Keras runs on.
-    fake = types.SimpleNamespace(backend=lambda: "jax", keras_home=lambda: "/k")
+    fake = types.SimpleNamespace(backend=lambda: "torch", keras_home=lambda: "/k")
     monkeypatch.setitem(sys.modules, "keras.src.backend.config", fake)
     monkeypatch.delenv("KERAS_BACKEND", raising=False)
     error = family._unsupported_backend()
     assert isinstance(error, ImportError)
-    assert str(error).endswith("Received: backend='jax' in /k/keras.json")
-    monkeypatch.setenv("KERAS_BACKEND", "jax")
-    assert str(family._unsupported_backend()).endswith("Received: KERAS_BACKEND='jax'")
+    assert str(error).endswith("Received: backend='torch' in /k/keras.json")
+    monkeypatch.setenv("KERAS_BACKEND", "torch")
+    assert str(family._unsupported_backend()).endswith(
+        "Received: KERAS_BACKEND='torch'"
+    )
     fake.backend = lambda: "tensorflow"
     assert family._unsupported_backend() is None
 

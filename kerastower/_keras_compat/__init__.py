@@ -12,7 +12,8 @@ or Keras 2: `tf.keras` on TensorFlow 2.12 to 2.15, `tf_keras` after), and
 this module exports that family's hooks under one set of names.
 
 For either family: `errors` (the error and the supported ranges),
-`step_functions` (Keras's ``make_*_function``), `functional_variants`,
+`step_functions` (Keras's ``make_*_function``), the functional variants
+(`kerastower._functional_variants`, plain Python),
 `metrics` (a `Mean` of a batch scalar updated in a tower), `seeds` (Keras's
 global seed generator in the towers' threads), `xla` (XLA per
 tower), `collectives` (TensorFlow's multi-worker start-up) and `tower_calls`
@@ -26,6 +27,9 @@ for replicas). Keras 2: their counterparts in `keras2`.
 
 import functools
 
+from kerastower._functional_variants import (
+    functional_variant as _functional_variant,
+)
 from kerastower._keras_compat.collectives import (
     call_time_value,
     check_prepared,
@@ -42,9 +46,6 @@ from kerastower._keras_compat.errors import (
     _fail,
 )
 from kerastower._keras_compat.family import KERAS_FAMILY
-from kerastower._keras_compat.functional_variants import (
-    functional_variant as _functional_variant,
-)
 from kerastower._keras_compat.metrics import (
     scalar_means_weighted,
     weigh_scalar_means,

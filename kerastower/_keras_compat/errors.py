@@ -6,6 +6,7 @@ import inspect
 import re
 import warnings
 
+from kerastower._errors import KerasCompatibilityError
 from kerastower._keras_compat.family import KERAS_VERSION
 
 # Keras 3, the newest TensorFlow with it.
@@ -23,25 +24,6 @@ _TENSORFLOW_2_RANGE = ((2, 12), (2, 22))
 INSTALLATION = "https://kerastower.github.io/kerastower/installation/"
 
 _MISSING = object()
-
-
-class KerasCompatibilityError(RuntimeError):
-    """The installed Keras or TensorFlow is one that kerastower cannot run on.
-
-    Raised by ``import kerastower`` for a Keras or TensorFlow outside the
-    supported ranges (the message holds the command that installs a
-    supported one), and where a private Keras or TensorFlow hook that
-    kerastower needs is missing or has changed, naming the hook, so that a
-    Keras change gives this error, never a silently different model.
-    Importable as ``kerastower.KerasCompatibilityError``.
-    """
-
-    __module__ = "kerastower"  # its public home, in tracebacks too
-
-    # Autograph (Keras 2's step functions) re-raises an error raised while
-    # tracing as its own type only if it is built like `Exception`; any
-    # other becomes a `StagingError`.
-    __init__ = Exception.__init__
 
 
 def _fail(hook: str, detail: str) -> KerasCompatibilityError:

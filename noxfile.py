@@ -25,6 +25,10 @@ middle of the Keras 2 range:
   GPU path forced on logical CPUs (``KERASTOWER_REPLICATE_VARIABLES=1``:
   per-tower replicas, ring all-reduce); CI runs the equivalence and
   property tests that way.
+- ``nox -s jax`` installs ``.[jax]`` (Keras 3 on JAX, the oldest pair of
+  the ``jax`` extra, `JAX_PAIR`) in a fresh environment without TensorFlow,
+  runs ``tests/on_jax`` there with ``KERAS_BACKEND=jax`` and ends in
+  ``kerastower demo --epochs 1`` on JAX; ``.ci/run`` runs it.
 - ``nox -s package`` builds the sdist and the wheel, checks them with
   ``twine check --strict``, and installs the wheel the ways the installation
   page gives: with the ``cpu`` extra into an empty virtual environment, and
@@ -407,6 +411,48 @@ def oldest_keras2(session: nox.Session) -> None:
     row = _keras2(session, tensorflow, KERAS2_CI_SUITES)
     if row["outcome"] != "passed":
         session.error(f"Keras {KERAS2[tensorflow]} with TensorFlow {tensorflow} fails")
+
+
+# Keras 3 on JAX: the oldest (Keras, jax) pair of the `jax` extra, which
+# kerastower/_jax_compat's ranges repeat. jax 0.11.2 ran on a GPU only
+# (bench/results/jax_gpu.json): this registry's newest jax is 0.10.2.
+JAX_PAIR = {"keras": "3.15.1", "jax": "0.10.2"}
+JAX_SUITES = ["tests/on_jax"]
+
+
+@nox.session
+def jax(session: nox.Session) -> None:
+    """``tests/on_jax`` and the demo on Keras's JAX backend, from ``.[jax]``."""
+    session.install(
+        ".[jax]",
+        f"keras=={JAX_PAIR['keras']}",
+        f"jax=={JAX_PAIR['jax']}",
+        *TEST_REQUIREMENTS[:3],
+    )
+    env = {"KERAS_BACKEND": "jax", "TF_USE_LEGACY_KERAS": "0"}
+    imported = session.run(
+        "python",
+        "-c",
+        "import jax, keras; print(keras.__version__, jax.__version__)",
+        silent=True,
+        env=env,
+    ).split()[-2:]
+    if imported != [JAX_PAIR["keras"], JAX_PAIR["jax"]]:
+        session.error(f"asked for {JAX_PAIR}; the session imports {imported}")
+    if "tensorflow" in session.run("pip", "freeze", silent=True).lower():
+        session.error("`.[jax]` brought TensorFlow")
+    session.run(
+        "python",
+        "-m",
+        "pytest",
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        "-rfEs",
+        *JAX_SUITES,
+        env=env,
+    )
+    session.run("kerastower", "demo", "--epochs", "1", "--quiet", env=env)
 
 
 @nox.session

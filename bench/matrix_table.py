@@ -39,6 +39,7 @@ DECLARED = (
     "KERAS2",
     "SUITES",
     "KERAS2_SUITES",
+    "JAX_PAIR",
 )
 NOT_RECORDED = "suite not recorded"
 

@@ -221,3 +221,21 @@ def installed_versions() -> tuple[str, str] | None:
     if keras_version is None:
         return None
     return tensorflow_version, describe(keras_version, source(keras_version, tf_keras))
+
+
+def check_tensorflow_backend(module: str, on_jax: str) -> None:
+    """Fails the import of a TensorFlow-only `module` when Keras runs on JAX.
+
+    Args:
+        module: The module's public name (``"kerastower.callbacks"``).
+        on_jax: What to use instead on JAX, for the message.
+
+    Raises:
+        ImportError: If kerastower runs on Keras's JAX backend (`backend`).
+    """
+    if backend() == JAX_BACKEND:
+        raise ImportError(
+            f"`{module}` runs on Keras's TensorFlow backend, and Keras runs on "
+            f"JAX here (KERAS_BACKEND=jax). {on_jax} "
+            "(https://kerastower.github.io/kerastower/guides/jax/)"
+        )

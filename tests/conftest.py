@@ -1,19 +1,53 @@
-"""Test setup: four logical CPUs, configured before TensorFlow starts."""
+"""Test setup: four logical CPUs, configured before TensorFlow starts.
+
+With ``KERAS_BACKEND=jax`` the suite is `tests/on_jax` alone, on four CPU devices
+of JAX's own (``XLA_FLAGS``, set before JAX starts); on TensorFlow that
+folder is skipped, since it needs jax (``nox -s jax`` runs it).
+"""
 
 import fcntl
 import os
+from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-import tensorflow as tf  # noqa: E402
-
-import kerastower  # noqa: E402
-
+# Hypothesis profiles (the property tests of both backends): tracing and
+# compiling make timing deadlines meaningless.
+for _name, _examples, _fixed in (("ci", 12, True), ("dev", 60, False)):
+    settings.register_profile(
+        _name,
+        max_examples=_examples,
+        deadline=None,
+        derandomize=_fixed,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+    )
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 NUM_DEVICES = 4
-kerastower.configure_logical_devices(NUM_DEVICES)
-assert len(tf.config.list_logical_devices("CPU")) == NUM_DEVICES
+ON_JAX = os.environ.get("KERAS_BACKEND") == "jax"
+
+if ON_JAX:
+    os.environ["XLA_FLAGS"] = " ".join(
+        [
+            os.environ.get("XLA_FLAGS", ""),
+            f"--xla_force_host_platform_device_count={NUM_DEVICES}",
+        ]
+    ).strip()
+    collect_ignore = [
+        p.name
+        for p in Path(__file__).parent.iterdir()
+        if p.name not in ("on_jax", "conftest.py")
+    ]
+else:
+    collect_ignore = ["on_jax"]
+    import tensorflow as tf
+
+    import kerastower
+
+    kerastower.configure_logical_devices(NUM_DEVICES)
+    assert len(tf.config.list_logical_devices("CPU")) == NUM_DEVICES
 
 
 @pytest.fixture

@@ -155,6 +155,8 @@ def disagreements(text: str, noxfile: dict, required=()) -> list[str]:
             found.append(f"states no {kind} range {lowest} to {highest}")
     specifiers = _specifiers(noxfile)
     for m in SPECIFIER.finditer(text):
+        if _JAX_EXTRA.match(text, text.rfind("\n", 0, m.start()) + 1):
+            continue  # the JAX pair's (test_the_jax_range_is_the_declared_pair)
         spec = re.sub(r"\s", "", m["spec"])
         if spec != specifiers[m["name"]]:
             line = text.count("\n", 0, m.start()) + 1
@@ -163,6 +165,10 @@ def disagreements(text: str, noxfile: dict, required=()) -> list[str]:
                 f"{m['name']}{specifiers[m['name']]}"
             )
     return found
+
+
+# pyproject.toml's `jax` extra: Keras 3 on JAX, held to `JAX_PAIR`.
+_JAX_EXTRA = re.compile(r"jax = \[")
 
 
 @pytest.fixture(scope="module")
@@ -251,6 +257,25 @@ def test_the_fence_is_the_declared_range(noxfile):
             f">={tensorflow_2[0]},<{minor(tensorflow_2[-1], 1)}"
         ),
     }
+
+
+def test_the_jax_range_is_the_declared_pair(noxfile):
+    """The `jax` extra and the JAX fence start at the pair `nox -s jax` runs."""
+    pair = noxfile["JAX_PAIR"]
+    extra = re.search(r"^jax = \[(.*)\]$", (ROOT / "pyproject.toml").read_text(), re.M)
+    assert extra, "pyproject.toml has no `jax` extra"
+    requirements = dict(
+        re.fullmatch(r'"(keras|jax)(>=.*)"', r.strip()).groups()
+        for r in extra.group(1).split(", ")
+    )
+    fence = (ROOT / "kerastower" / "_jax_compat" / "__init__.py").read_text()
+    supported = dict(re.findall(r'^SUPPORTED_(KERAS|JAX) = "(.*)"$', fence, re.M))
+    assert requirements == {
+        "keras": supported["KERAS"],
+        "jax": supported["JAX"],
+    }
+    assert requirements["keras"].startswith(f">={minor(pair['keras'])},")
+    assert requirements["jax"].startswith(f">={minor(pair['jax'])},")
 
 
 def test_the_supported_versions_table_names_the_tested_releases(noxfile):

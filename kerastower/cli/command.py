@@ -30,6 +30,7 @@ from kerastower import _installed_keras as installed_keras
 from kerastower.cli import arguments, launch_command, quiet_tensorflow
 
 DEFAULT_CPU_TOWERS = 4
+DEFAULT_BATCH_SIZE = 30
 DEFAULT_TOLERANCE = 1e-10
 VERBOSE_FLAG = "--verbose"
 
@@ -72,8 +73,11 @@ def _parser() -> arguments.Parser:
     demo.add_argument(
         "--batch-size",
         type=arguments.positive_int,
-        default=30,
-        help="the global batch size, all towers together (default: 30)",
+        default=None,
+        help=(
+            "the global batch size, all towers together (default: 30; 32 on "
+            "JAX, which shards a batch that divides by the towers)"
+        ),
     )
     demo.add_argument(
         "--seed",
@@ -361,6 +365,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ImportError as error:
         print(f"kerastower {args.command}: error: {error}", file=sys.stderr)
         return 1
+    if installed_keras.backend() == installed_keras.JAX_BACKEND:
+        from kerastower.cli import jax_command
+
+        return jax_command.run(args, DEFAULT_CPU_TOWERS)
     quiet_tensorflow.import_tensorflow(getattr(args, "verbose", False))
     from kerastower.devices import configure_from_environment
 
@@ -375,7 +383,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return demo.run(
             devices,
             epochs=args.epochs,
-            batch_size=args.batch_size,
+            batch_size=args.batch_size or DEFAULT_BATCH_SIZE,
             seed=args.seed,
             log_dir=args.log_dir,
             tolerance=args.tolerance,

@@ -13,44 +13,15 @@ float32 rounding after many Adam steps depends on the machine.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from importlib import resources
-
-import numpy as np
 
 from kerastower._keras_compat.family import KERAS_FAMILY, keras
 from kerastower.callbacks.tower_monitor import TowerMonitor
+from kerastower.cli.digits import convnet, load_digits
 from kerastower.model import TowerModel
 from kerastower.step.shards import split_sizes
 from kerastower.testing import Comparison, compare_with_one_device
 
-
-def load_digits(seed: int = 0, test_size: int = 360):
-    """Returns ``(x_train, y_train), (x_test, y_test)`` of handwritten digits.
-
-    The 1,797 8x8 images of scikit-learn's ``load_digits`` (the test set of
-    the UCI "Optical Recognition of Handwritten Digits" data, E. Alpaydin and
-    C. Kaynak, CC BY 4.0) ship with kerastower as ``digits.npz``, so the demo
-    needs neither a download nor scikit-learn. Pixels are scaled from
-    ``0..16`` to ``[0, 1]`` and shaped ``(8, 8, 1)``; the order is shuffled
-    once with `seed` before the split.
-
-    Args:
-        seed: Seed of the shuffle. Defaults to 0.
-        test_size: Images held out for testing. Defaults to 360, which leaves
-            1,437 for training: 47 batches of 30 and a last one of 27.
-
-    Returns:
-        Two ``(images, labels)`` pairs of float32 and int32 arrays.
-    """
-    with resources.files(__package__).joinpath("digits.npz").open("rb") as file:
-        digits = np.load(file)
-        images, labels = digits["images"], digits["labels"]
-    x = (images / 16.0).astype("float32")[..., None]
-    y = labels.astype("int32")
-    order = np.random.default_rng(seed).permutation(len(x))
-    x, y = x[order], y[order]
-    cut = len(x) - test_size
-    return (x[:cut], y[:cut]), (x[cut:], y[cut:])
+__all__ = ["DemoResult", "build_convnet", "format_report", "load_digits", "run"]
 
 
 # Keras 2's `BatchNormalization` takes `fused`; Keras 3's has no fused kernel.
@@ -78,16 +49,7 @@ def build_convnet(seed: int = 0) -> keras.Model:
     Returns:
         A plain functional `keras.Model`, not compiled.
     """
-    keras.utils.set_random_seed(seed)
-    inputs = keras.Input((8, 8, 1))
-    h = keras.layers.Conv2D(16, 3, padding="same", activation="relu")(inputs)
-    h = keras.layers.BatchNormalization(**_UNFUSED)(h)
-    h = keras.layers.Conv2D(32, 3, padding="same", activation="relu")(h)
-    h = keras.layers.AveragePooling2D(2)(h)
-    h = keras.layers.Flatten()(h)
-    h = keras.layers.Dense(64, activation="relu")(h)
-    outputs = keras.layers.Dense(10, activation="softmax")(h)
-    return keras.Model(inputs, outputs, name="digits_convnet")
+    return convnet(keras, seed, batch_norm=_UNFUSED)
 
 
 def _compile(model: keras.Model) -> None:

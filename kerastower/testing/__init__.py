@@ -18,6 +18,14 @@ same math). Towers as close to one device as one device is to itself are
 as exact as float32 allows.
 """
 
+from kerastower import _installed_keras
+
+_installed_keras.check_tensorflow_backend(
+    "kerastower.testing",
+    "On JAX, compare your model with one device as tests/on_jax/jax_oracle.py "
+    "does: the same initial weights, shuffle=False, float64.",
+)
+
 from kerastower._keras_compat.precision import float_dtype
 from kerastower.testing.comparison import (
     YARDSTICK_FACTOR,

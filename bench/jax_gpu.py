@@ -245,7 +245,7 @@ def _child(part: str, args) -> dict:
 def _table(results: dict) -> str:
     env = results["environment"]
     lines = [
-        f"# TowerModel on JAX against a plain keras.Model ({env['device']}, "
+        f"TowerModel on JAX against a plain keras.Model ({env['device']}, "
         f"{env['devices']} device(s), jax {env['jax']}, Keras {env['keras']})",
         "",
         "| precision | setup | towers | first fit (s) | step (ms) | images/s "

@@ -144,7 +144,12 @@ class _VersionAction(argparse.Action):
         super().__init__(option_strings, argparse.SUPPRESS, **kwargs)
 
     def __call__(self, parser, namespace, values, option_string=None):
-        print(_version_line(installed_keras.installed_versions()))
+        if installed_keras.backend() == installed_keras.JAX_BACKEND:
+            from kerastower.cli import jax_command
+
+            print(jax_command.version_line())
+        else:
+            print(_version_line(installed_keras.installed_versions()))
         parser.exit()
 
 

@@ -12,6 +12,15 @@ import os
 import sys
 
 
+def version_line() -> str:
+    """``kerastower 0.1.0 (JAX 0.10.2, Keras 3.15.1)``, from package metadata."""
+    from kerastower import __version__, _installed_keras
+
+    jax_version = _installed_keras.installed_version("jax") or "not installed"
+    keras_version = _installed_keras.installed_version("keras")
+    return f"kerastower {__version__} (JAX {jax_version}, Keras {keras_version})"
+
+
 def _error(args: argparse.Namespace, message: str, status: int) -> int:
     print(f"kerastower {args.command}: error: {message}", file=sys.stderr)
     return status
@@ -39,8 +48,6 @@ def run(args: argparse.Namespace, default_cpu_towers: int) -> int:
         os.environ["JAX_PLATFORMS"] = "cpu"
     import jax
 
-    from kerastower import __version__
-
     if args.device == "gpu" and jax.default_backend() != "gpu":
         return _error(
             args,
@@ -50,11 +57,8 @@ def run(args: argparse.Namespace, default_cpu_towers: int) -> int:
             1,
         )
     if args.command == "devices":
-        import keras
-
         devices = jax.devices()[: args.towers] if args.towers else jax.devices()
-        versions = f"JAX {jax.__version__}, Keras {keras.__version__}"
-        print(f"kerastower {__version__} ({versions})")
+        print(version_line())
         print(f"TowerModel(towers={len(devices)}) would use:")
         for i, device in enumerate(devices):
             kind = getattr(device, "device_kind", "")

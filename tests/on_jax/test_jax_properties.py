@@ -1,35 +1,27 @@
 """Property: on JAX, N towers train, evaluate and predict as one device, for
 any batch size, optimizer and step option.
 
-The space of tests/properties/test_tower_equivalence.py (towers, batch size,
-samples, optimizer, sample weights, seed), plus how Keras runs the step:
-``jit_compile``, ``run_eagerly`` and ``steps_per_execution``. In float64, so
+The space of tests/properties/test_tower_equivalence.py (`spaces.fits`:
+towers, batch size, samples, optimizer, sample weights, seed), plus how
+Keras runs the step: ``jit_compile``, ``run_eagerly`` and
+``steps_per_execution``. In float64, so
 the tolerance can be tight (jax_oracle).
 """
 
 import keras
 import numpy as np
+import spaces
 from hypothesis import given
 from hypothesis import strategies as st
 from jax_oracle import TOLERANCE, assert_same, float64, mlp, twin
 
-OPTIMIZERS = {
-    "sgd": lambda: keras.optimizers.SGD(0.05),
-    "momentum": lambda: keras.optimizers.SGD(0.05, momentum=0.9),
-    "adam": lambda: keras.optimizers.Adam(0.01),
-    "rmsprop_clip": lambda: keras.optimizers.RMSprop(0.01, clipnorm=0.5),
-}
+OPTIMIZERS = spaces.optimizers(keras)
 
 
 @st.composite
 def setups(draw):
     return {
-        "towers": draw(st.integers(1, 4)),
-        "batch_size": draw(st.integers(1, 33)),
-        "samples": draw(st.integers(1, 40)),
-        "optimizer": draw(st.sampled_from(sorted(OPTIMIZERS))),
-        "weighted": draw(st.booleans()),
-        "seed": draw(st.integers(0, 2**16)),
+        **draw(spaces.fits()),
         "run": draw(st.sampled_from(["jit", "no_jit", "eager"])),
         "steps_per_execution": draw(st.sampled_from([1, 3])),
     }

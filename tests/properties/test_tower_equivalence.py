@@ -5,6 +5,7 @@ Keras 3 only). In float64, so that the tolerance can be tight.
 """
 
 import numpy as np
+import spaces
 from hypothesis import given
 from hypothesis import strategies as st
 from keras_family import KERAS_2, keras
@@ -12,24 +13,14 @@ from oracle import assert_close, float64, mlp, plain_fit_data, twin
 
 LARGEST_DIFF = {"value": 0.0}
 
-OPTIMIZERS = {
-    "sgd": lambda: keras.optimizers.SGD(0.05),
-    "momentum": lambda: keras.optimizers.SGD(0.05, momentum=0.9),
-    "adam": lambda: keras.optimizers.Adam(0.01),
-    "rmsprop_clip": lambda: keras.optimizers.RMSprop(0.01, clipnorm=0.5),
-}
+OPTIMIZERS = spaces.optimizers(keras)
 
 
 @st.composite
 def setups(draw):
-    towers = draw(st.integers(1, 4))
-    batch_size = draw(st.integers(1, 33))
-    samples = draw(st.integers(1, 40))
-    optimizer = draw(st.sampled_from(sorted(OPTIMIZERS)))
-    weighted = draw(st.booleans())
-    seed = draw(st.integers(0, 2**16))
+    fit = draw(spaces.fits())
     replicas = not KERAS_2 and draw(st.booleans())
-    return towers, batch_size, samples, optimizer, weighted, seed, replicas
+    return (*fit.values(), replicas)
 
 
 # float64: momentum 0.9 at a learning rate of 0.05 turns float32 rounding into

@@ -303,3 +303,16 @@ def test_tensorflow_only_names_say_so():
         kerastower.TowerStrategy  # noqa: B018
     with pytest.raises(ImportError, match="TensorFlow backend"):
         importlib.import_module("kerastower.callbacks")
+
+
+def test_weights_assigned_between_fits_are_used():
+    # One variable assigned from NumPy lives on one device, uncommitted,
+    # beside the others replicated on the towers: the next step takes it.
+    x, y = _data(16)
+    with float64():
+        plain, tower = twin(mlp)
+        fit_both(plain, tower, x, y, batch_size=8, epochs=1)
+        for model in (plain, tower):
+            model.layers[-1].kernel.assign(np.full((7, 1), 0.5))
+        histories = fit_both(plain, tower, x, y, batch_size=8)
+    assert_same(plain, tower, histories)

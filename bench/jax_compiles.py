@@ -15,11 +15,12 @@ divide by 1, 2 and 4 devices and a last one of 29 that does not. Measured:
 ``N`` devices; ``data_parallelN`` the model under Keras's own
 ``keras.distribution.DataParallel`` on ``N`` devices, which refuses the last
 batch (`IndivisibleError`): its row says so, and its first fit is the
-refused one and a second on the 96 examples that divide, together. ``--model resnet50`` trains
-``keras.applications.ResNet50(weights=None)`` on 32x32 images (the issue's
-anchor); the default, a small convnet, takes seconds. Logical CPUs share this
-machine's cores: the times show compilation, not a speed-up. Results go to
-``jax_compiles.json`` and ``jax_compiles.md`` in ``--out``.
+refused one and a second on the 96 examples that divide, together.
+``--model resnet50`` trains ``keras.applications.ResNet50(weights=None)`` on
+32x32 images (issue 55's anchor); the default, a small convnet, takes
+seconds. Logical CPUs share this machine's cores: the times show
+compilation, not a speed-up. Results go to ``jax_compiles.json`` and
+``jax_compiles.md`` in ``--out``.
 """
 
 from __future__ import annotations

@@ -27,12 +27,12 @@ import tempfile
 from collections.abc import Sequence
 
 from kerastower import _installed_keras as installed_keras
-from kerastower.cli import arguments, launch_command, quiet_tensorflow
+from kerastower.cli import arguments, launch_command, quiet_tensorflow, versions
+from kerastower.cli.versions import VERBOSE_FLAG
 
 DEFAULT_CPU_TOWERS = 4
 DEFAULT_BATCH_SIZE = 30
 DEFAULT_TOLERANCE = 1e-10
-VERBOSE_FLAG = "--verbose"
 
 
 def _parser() -> arguments.Parser:
@@ -46,7 +46,7 @@ def _parser() -> arguments.Parser:
             "with the first failed worker's status."
         ),
     )
-    parser.add_argument("--version", action=_VersionAction)
+    parser.add_argument("--version", action=versions.VersionAction)
     _add_verbose_argument(parser)
     commands = parser.add_subparsers(dest="command", required=True)
 
@@ -132,45 +132,6 @@ def _parser() -> arguments.Parser:
 def _command(argv: Sequence[str]) -> str | None:
     """The subcommand: the first argument that is not an option."""
     return next((arg for arg in argv if not arg.startswith("-")), None)
-
-
-class _VersionAction(argparse.Action):
-    """``--version``: the versions package metadata names, without importing
-    TensorFlow (imported only where the metadata does not say)."""
-
-    def __init__(self, option_strings: Sequence[str], dest: str, **kwargs):
-        kwargs.update(nargs=0, default=argparse.SUPPRESS)
-        kwargs.setdefault("help", "show program's version number and exit")
-        super().__init__(option_strings, argparse.SUPPRESS, **kwargs)
-
-    def __call__(self, parser, namespace, values, option_string=None):
-        if installed_keras.backend() == installed_keras.JAX_BACKEND:
-            from kerastower.cli import jax_command
-
-            print(jax_command.version_line())
-        else:
-            print(_version_line(installed_keras.installed_versions()))
-        parser.exit()
-
-
-def _version_line(versions: tuple[str, str] | None = None) -> str:
-    """``kerastower 0.1.0 (TensorFlow 2.21.0, Keras 3.15.1)``.
-
-    Args:
-        versions: TensorFlow's version and the Keras description, as
-            `kerastower._installed_keras.installed_versions` reads them; or
-            ``None`` for those of the TensorFlow and Keras imported.
-    """
-    from kerastower import __version__
-
-    if versions is None:
-        quiet_tensorflow.import_tensorflow(VERBOSE_FLAG in sys.argv[1:])
-        import tensorflow as tf
-
-        from kerastower._keras_compat import family
-
-        versions = tf.__version__, family.describe()
-    return f"kerastower {__version__} (TensorFlow {versions[0]}, {versions[1]})"
 
 
 def _add_verbose_argument(parser: argparse.ArgumentParser, **kwargs) -> None:
@@ -308,7 +269,7 @@ def _devices_command(args: argparse.Namespace) -> int:
     physical = {
         kind: len(tf.config.list_physical_devices(kind)) for kind in ("CPU", "GPU")
     }
-    print(_version_line())
+    print(versions.version_line())
     print(f"Physical devices: {physical['CPU']} CPU, {physical['GPU']} GPU")
     print(f"TowerModel(towers={len(devices)}) would use {_describe(devices)}:")
     for i, name in enumerate(devices):

@@ -11,14 +11,7 @@ import argparse
 import os
 import sys
 
-
-def version_line() -> str:
-    """``kerastower 0.1.0 (JAX 0.10.2, Keras 3.15.1)``, from package metadata."""
-    from kerastower import __version__, _installed_keras
-
-    jax_version = _installed_keras.installed_version("jax") or "not installed"
-    keras_version = _installed_keras.installed_version("keras")
-    return f"kerastower {__version__} (JAX {jax_version}, Keras {keras_version})"
+from kerastower.cli import versions
 
 
 def _error(args: argparse.Namespace, message: str, status: int) -> int:
@@ -58,7 +51,7 @@ def run(args: argparse.Namespace, default_cpu_towers: int) -> int:
         )
     if args.command == "devices":
         devices = jax.devices()[: args.towers] if args.towers else jax.devices()
-        print(version_line())
+        print(versions.jax_version_line())
         print(f"TowerModel(towers={len(devices)}) would use:")
         for i, device in enumerate(devices):
             kind = getattr(device, "device_kind", "")

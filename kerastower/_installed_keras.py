@@ -45,9 +45,11 @@ TENSORFLOW_DISTRIBUTIONS = (
 )
 
 
-def release(version: str) -> tuple[int, ...]:
-    """``(major, minor)`` of a version string: ``"2.15.0rc1"`` -> ``(2, 15)``."""
-    return tuple(int(re.match(r"\d*", part)[0] or 0) for part in version.split(".")[:2])
+def release(version: str, parts: int = 2) -> tuple[int, ...]:
+    """The first `parts` numbers of a version string: ``"2.15.0rc1"`` ->
+    ``(2, 15)``; with 3 parts, ``"3.16.0.dev2025"`` -> ``(3, 16, 0)``."""
+    numbers = version.split(".")[:parts]
+    return tuple(int(re.match(r"\d*", part)[0] or 0) for part in numbers)
 
 
 def legacy_requested() -> bool:

@@ -143,3 +143,18 @@ def test_docs_code_blocks_are_included_examples():
                 source = (ROOT / match.group(1)).read_text()
                 if match.group(2):
                     assert f"--8<-- [start:{match.group(2)}]" in source, line
+
+
+def test_no_folder_shadows_a_package_that_keras_imports():
+    # A script's folder is first on `sys.path`: a folder `examples/jax/`
+    # (no `__init__.py`) once imported as an empty namespace package `jax`
+    # where jax is not installed, and Keras and TensorFlow, which try
+    # `import jax`, failed in every example and worker script.
+    packages = {"jax", "jaxlib", "keras", "tensorflow", "tf_keras", "torch", "numpy"}
+    shadows = sorted(
+        str(path.relative_to(ROOT))
+        for top in ("examples", "tests", "bench", "docs")
+        for path in (ROOT / top).rglob("*")
+        if path.is_dir() and path.name in packages
+    )
+    assert shadows == []

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import inspect
-import re
 import warnings
 
+from kerastower import _installed_keras as installed
 from kerastower._errors import KerasCompatibilityError
 from kerastower._keras_compat.family import KERAS_VERSION
 
@@ -90,7 +90,7 @@ def _attribute(obj, name: str, owner: str, fail=_fail):
 
 def _release(version: str) -> tuple[int, ...]:
     """``"3.16.0.dev2025"`` -> ``(3, 16, 0)``."""
-    return tuple(int(re.match(r"\d*", part)[0] or 0) for part in version.split(".")[:3])
+    return installed.release(version, parts=3)
 
 
 def check_installed(keras_version: str, tensorflow_version: str) -> None:

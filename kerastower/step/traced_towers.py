@@ -35,7 +35,7 @@ taken out of that order (`kerastower._keras_compat.run_independently`) and
 skip the graph optimiser (`calls_without_graph_optimizer`): it would run
 once per device on the same function. The step around them gets one round
 of Grappler instead of two (`TowerModel` makes Keras's step functions so,
-`kerastower._keras_compat.OptimisedOnce`): the second round changed
+`kerastower._keras_compat.tower_calls.OptimisedOnce`): the second round changed
 nothing and instantiated the tower function again for every call it might
 inline. Turned off for the step, Grappler would save more of the first
 step, but a fit's steps took up to 17% longer.

@@ -1,4 +1,4 @@
-"""Every example of examples/jax runs on JAX and checks its own result."""
+"""Every example of examples/on_jax runs on JAX and checks its own result."""
 
 import os
 import subprocess
@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-EXAMPLES = ROOT / "examples" / "jax"
+EXAMPLES = ROOT / "examples" / "on_jax"
 
 # Script -> text its output must contain.
 RUNS = {

@@ -1,6 +1,6 @@
 """From `keras.distribution.DataParallel` to `TowerModel`, on Keras's JAX backend.
 
-Run: ``KERAS_BACKEND=jax python examples/jax/migrate_data_parallel.py``
+Run: ``KERAS_BACKEND=jax python examples/on_jax/migrate_data_parallel.py``
 (four CPU devices of JAX's own when there is no GPU; needs
 ``pip install ".[jax]"``). Trains the same model three ways on 102 examples,
 global batch 32 (three batches and a last one of 6, which 4 devices do not

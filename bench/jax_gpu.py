@@ -114,25 +114,6 @@ def speed(setup: str, precision: str, args) -> dict:
     }
 
 
-def _reordered(arrays: list, batch: int) -> list:
-    """`arrays` with each batch's rows reversed: the same batches, summed in
-    another order (the yardstick of float rounding)."""
-    order = [
-        i
-        for start in range(0, len(arrays[0]), batch)
-        for i in reversed(range(start, min(start + batch, len(arrays[0]))))
-    ]
-    return [a[order] for a in arrays]
-
-
-def _apart(model, other, scale: float) -> float:
-    """The largest weight difference of two models, relative to `scale`."""
-    import numpy as np
-
-    pairs = zip(model.get_weights(), other.get_weights(), strict=True)
-    return max(float(np.max(np.abs(a - b))) for a, b in pairs) / scale
-
-
 def exactness() -> dict:
     """A plain model and a `TowerModel` over every device, float64, Adam.
 
@@ -149,6 +130,7 @@ def exactness() -> dict:
     import numpy as np
 
     import kerastower
+    from kerastower.on_jax import yardstick
 
     keras.config.set_floatx("float64")
     keras.config.set_dtype_policy("float64")
@@ -188,7 +170,7 @@ def exactness() -> dict:
             for tower, (xs, ys) in [
                 (False, (x, y)),
                 (True, (x, y)),
-                (False, _reordered([x, y], batch)),
+                (False, yardstick.reversed_batches([x, y], batch)),
             ]:
                 model = build(kind, tower)
                 fit = model.fit(
@@ -196,12 +178,11 @@ def exactness() -> dict:
                 )
                 runs.append((model, fit.history))
             (plain, plain_fit), (tower, tower_fit), (yard, yard_fit) = runs
-            scale = max(float(np.max(np.abs(w))) for w in plain.get_weights())
 
             results[f"{kind}, batch {batch}"] = {
                 "towers": tower.num_towers,
-                "weights_relative": _apart(plain, tower, scale),
-                "yardstick_relative": _apart(plain, yard, scale),
+                "weights_relative": yardstick.weights_apart(plain, tower),
+                "yardstick_relative": yardstick.weights_apart(plain, yard),
                 "history": max(
                     abs(a - b)
                     for key in plain_fit

@@ -15,24 +15,13 @@ from __future__ import annotations
 
 import time
 
-import numpy as np
-
 from kerastower.cli.digits import convnet, load_digits
-
-
-def _reversed_batches(arrays, batch_size: int):
-    rows = len(arrays[0])
-    order = np.concatenate(
-        [
-            np.arange(s, min(s + batch_size, rows))[::-1]
-            for s in range(0, rows, batch_size)
-        ]
-    )
-    return [a[order] for a in arrays]
 
 
 def _train(keras, tower_model, x, y, towers, dtype, seed, epochs, batch_size, verbose):
     """Plain, towers and the yardstick in `dtype`: their models and times."""
+    from kerastower.on_jax import yardstick  # once `run` has set up JAX
+
     keras.config.set_floatx(dtype)
     keras.config.set_dtype_policy(dtype)
     x = x.astype(dtype)
@@ -53,24 +42,13 @@ def _train(keras, tower_model, x, y, towers, dtype, seed, epochs, batch_size, ve
     for name, data in (
         ("towers", (x, y)),
         ("one_device", (x, y)),
-        ("yardstick", _reversed_batches([x, y], batch_size)),
+        ("yardstick", yardstick.reversed_batches([x, y], batch_size)),
     ):
         models[name] = build(name == "towers")
         start = time.perf_counter()
         models[name].fit(*data, verbose=verbose if name == "towers" else 0, **fit)
         seconds[name] = time.perf_counter() - start
     return models, seconds
-
-
-def _apart(model, other) -> float:
-    scale = max(float(np.max(np.abs(w))) for w in model.get_weights())
-    return (
-        max(
-            float(np.max(np.abs(a - b)))
-            for a, b in zip(model.get_weights(), other.get_weights(), strict=True)
-        )
-        / scale
-    )
 
 
 def run(
@@ -104,11 +82,12 @@ def run(
     jax.config.update("jax_enable_x64", True)  # for the float64 run
     import keras
 
-    from kerastower.on_jax import TowerModel
+    from kerastower.on_jax import TowerModel, yardstick
+    from kerastower.on_jax.placement import device_name, resolve_devices
 
     (x, y), (x_test, y_test) = load_digits(seed)
-    probe = TowerModel.from_model(convnet(keras, seed), towers=towers)
-    devices, n = probe.tower_devices, probe.num_towers
+    devices = [device_name(d) for d in resolve_devices(towers)]
+    n = len(devices)
     print(
         f"kerastower demo on JAX: training on {n} devices ({', '.join(devices)}), "
         f"global batch {batch_size}",
@@ -122,8 +101,10 @@ def run(
         "Trained the same model on one device, and all again in float64 ...", flush=True
     )
     f64, _ = _train(keras, TowerModel, x, y, dtype="float64", verbose=0, **common)
-    difference64 = _apart(f64["one_device"], f64["towers"])
+    difference64 = yardstick.weights_apart(f64["one_device"], f64["towers"])
     exact = difference64 <= tolerance
+    difference32 = yardstick.weights_apart(f32["one_device"], f32["towers"])
+    yardstick32 = yardstick.weights_apart(f32["one_device"], f32["yardstick"])
     test = {
         k: f32[k].evaluate(x_test.astype("float32"), y_test, verbose=0)[1] for k in f32
     }
@@ -154,9 +135,8 @@ def run(
         f"{seconds['one_device']:.2f} s for {epochs} epochs (compilation included)",
         f"Exactness     float64: towers {difference64:.1e} from one device "
         f"(relative): {verdict}",
-        f"              float32: towers {_apart(f32['one_device'], f32['towers']):.1e} "
-        "from one device; one device fed each batch reordered: "
-        f"{_apart(f32['one_device'], f32['yardstick']):.1e}",
+        f"              float32: towers {difference32:.1e} from one device; one "
+        f"device fed each batch reordered: {yardstick32:.1e}",
         "",
     ]
     print("\n".join(lines), flush=True)

@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import contextlib
 
-import jax
 import keras
 import numpy as np
 
 import kerastower
+from kerastower.on_jax import yardstick as yardstick_runs
 
 # float64: the sum of a batch in another order moves the last bits (measured
 # up to 2.2e-16 relative after 2 epochs of Adam); 1e-12 leaves room for more
@@ -59,17 +59,9 @@ def fit_both(plain, tower, x, y=None, **fit_kwargs):
 
 
 def weights_apart(model, other) -> float:
-    """The largest weight difference, relative to the largest weight."""
-    weights, others = model.get_weights(), other.get_weights()
-    assert len(weights) == len(others)
-    scale = max(1.0, *(float(np.max(np.abs(w))) for w in weights if w.size))
-    return (
-        max(
-            (float(np.max(np.abs(a - b))) for a, b in zip(weights, others) if a.size),
-            default=0.0,
-        )
-        / scale
-    )
+    """The largest weight difference, relative to the largest weight (at
+    least 1)."""
+    return yardstick_runs.weights_apart(model, other, floor=1.0)
 
 
 def assert_same(plain, tower, histories=None, tolerance: float = TOLERANCE):
@@ -85,19 +77,6 @@ def assert_same(plain, tower, histories=None, tolerance: float = TOLERANCE):
             )
 
 
-def reversed_batches(arrays, batch_size: int):
-    """`arrays` (a nest) with each batch's rows reversed: the same batches,
-    summed in another order."""
-    rows = len(jax.tree.leaves(arrays)[0])
-    order = np.concatenate(
-        [
-            np.arange(start, min(start + batch_size, rows))[::-1]
-            for start in range(0, rows, batch_size)
-        ]
-    )
-    return jax.tree.map(lambda a: a[order], arrays)
-
-
 def yardstick(build, x, y, batch_size: int, **fit_kwargs) -> float:
     """How far one device drifts from itself on each batch reversed: the
     float rounding of this machine, for this model and these batches."""
@@ -108,7 +87,7 @@ def yardstick(build, x, y, batch_size: int, **fit_kwargs) -> float:
     other.set_weights(one.get_weights())
     fit_kwargs = {"epochs": 2, "shuffle": False, "verbose": 0, **fit_kwargs}
     one.fit(x, y, batch_size=batch_size, **fit_kwargs)
-    xr, yr = reversed_batches((x, y), batch_size)
+    xr, yr = yardstick_runs.reversed_batches((x, y), batch_size)
     other.fit(xr, yr, batch_size=batch_size, **fit_kwargs)
     return weights_apart(one, other)
 

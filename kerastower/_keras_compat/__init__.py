@@ -57,6 +57,7 @@ from kerastower._keras_compat.step_functions import (
 )
 from kerastower._keras_compat.tower_calls import (
     NOINLINE_FUNCTIONS,
+    call_with_captures,
     calls_without_graph_optimizer,
     orders_calls_here,
     run_independently,
@@ -158,6 +159,7 @@ __all__ = [
     "build_metrics",
     "build_optimizer",
     "call_time_value",
+    "call_with_captures",
     "calls_without_graph_optimizer",
     "orders_calls_here",
     "check_execution_steps",

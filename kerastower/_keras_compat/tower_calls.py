@@ -181,3 +181,31 @@ def _accepts_noinline() -> bool:
 # TensorFlow 2.12 refuses ``_noinline`` on a `tf.function`: there the towers
 # are traced one by one (`kerastower.step.traced_towers.applies`).
 NOINLINE_FUNCTIONS = _accepts_noinline()
+
+
+def call_with_captures(function: Any, inputs: list, replace: dict[int, Any]) -> Any:
+    """Calls the concrete `function` with other variables than it captured.
+
+    A traced function reads and writes each variable it uses through the
+    variable's resource handle, an input that the call passes after its own
+    (`captured_inputs`). Passing another variable's handle in its place runs
+    the same ops on that variable, where it lives.
+
+    Args:
+        function: A `tf.types.experimental.ConcreteFunction`.
+        inputs: Its inputs, flat (composite tensors expanded).
+        replace: Maps the ``id`` of a captured handle to the handle to pass
+            instead; the other captures are passed as they are.
+
+    Returns:
+        What the call returns, flat.
+    """
+    captured = list(function.captured_inputs)
+    expected = len(function.inputs) - len(captured)
+    if len(inputs) != expected:
+        raise ValueError(
+            f"`inputs` must hold the function's {expected} inputs, flat. "
+            f"Received: {len(inputs)} inputs"
+        )
+    call_flat = _attribute(function, "_call_flat", "ConcreteFunction")
+    return call_flat(list(inputs), [replace.get(id(c), c) for c in captured])

@@ -66,6 +66,7 @@ import tensorflow as tf
 from kerastower import _keras_compat
 from kerastower._keras_compat.family import keras
 from kerastower.reduce import ring_gradients
+from kerastower.reduce.clone_updates import CloneUpdates
 from kerastower.reduce.ring import AllReduceOptions, Ring
 
 
@@ -110,6 +111,7 @@ class Replicas:
         self._optimizer: Any = None
         self._copies: list[list[keras.Variable]] = []
         self._clones: list[Any] = []
+        self._updates: CloneUpdates | None = None
         self._tokens: list[tf.Variable] = []
 
     def ensure(
@@ -135,7 +137,7 @@ class Replicas:
                 self._span = self._span_of()
             if not made:
                 self._make_copies(variables)
-            self._optimizer, self._clones = optimizer, []
+            self._optimizer, self._clones, self._updates = optimizer, [], None
             if optimizer is not None:
                 for device, copies in zip(self.devices[1:], self._copies):
                     with tf.device(device):
@@ -308,32 +310,41 @@ class Replicas:
         the sum on its device (see `ring_gradients.all_reduce`).
 
         `per_tower` holds each tower's gradients, tower 0 first, or one list
-        when the batch ran whole on tower 0: the other towers then add
-        nothing (``g + 0 == g``) through the same ring, rather than tower 0
-        sending its gradient to each.
+        when the batch ran whole on tower 0 (see `every_tower`).
         """
+        per_tower = self.every_tower(per_tower)
         # A dense gradient's static shape can be partly unknown (a `Dense`
         # kernel applied to sequences); packing needs its variable's.
         shaped = []
         for device, grads in zip(self.devices, per_tower):
             with tf.device(device):
-                shaped.append(
-                    [
-                        g if isinstance(g, tf.IndexedSlices) else tf.reshape(g, v.shape)
-                        for g, v in zip(grads, variables)
-                    ]
-                )
-        if len(shaped) == 1:
-            for device in self.devices[1:]:
-                with tf.device(device):
-                    shaped.append([ring_gradients.nothing_like(g) for g in shaped[0]])
-        if len(shaped) != len(self.devices):
-            raise ValueError(
-                f"`per_tower` must hold 1 or {len(self.devices)} gradient lists. "
-                f"Received: {len(per_tower)}"
-            )
+                shaped.append([_shaped_like(g, v) for g, v in zip(grads, variables)])
         ring = Ring(self.devices, self._tokens, self._span)
         return ring_gradients.all_reduce(ring, shaped, static_rows, self.options)
+
+    def every_tower(self, per_tower: Sequence[Sequence[Any]]) -> list[list[Any]]:
+        """`per_tower`, with gradients that add nothing for towers that did not run.
+
+        `per_tower` holds each tower's gradients, tower 0 first, or one list
+        when the batch ran whole on tower 0: the other towers then add
+        nothing (``g + 0 == g``) through the same ring, rather than tower 0
+        sending its gradient to each. Both give the same structure, so a
+        step can choose between them in a `tf.cond` and all-reduce after it.
+        """
+        received = len(per_tower)
+        per_tower = [list(grads) for grads in per_tower]
+        if received == 1:
+            for device in self.devices[1:]:
+                with tf.device(device):
+                    per_tower.append(
+                        [ring_gradients.nothing_like(g) for g in per_tower[0]]
+                    )
+        if len(per_tower) != len(self.devices):
+            raise ValueError(
+                f"`per_tower` must hold 1 or {len(self.devices)} gradient lists. "
+                f"Received: {received}"
+            )
+        return per_tower
 
     def apply(self, tower: int, gradients: Sequence[Any], indices: Sequence[int]):
         """Applies `gradients` to tower `tower`'s replicas at `indices`.
@@ -344,13 +355,17 @@ class Replicas:
         """
         if not indices:  # no variable is connected to the loss
             return
-        copies = self._copies[tower - 1]
-        clone = self._clones[tower - 1]
+        if self._updates is None:
+            self._updates = CloneUpdates(self._optimizer, self._clones, self._copies)
         with tf.device(self.devices[tower]):
-            for primary, state in zip(self._optimizer.variables, clone.variables):
-                if len(state.shape) == 0:  # iterations, learning rate, scale
-                    state.assign(primary.value)
-            clone.apply_gradients(zip(gradients, [copies[j] for j in indices]))
+            self._updates.apply(tower, gradients, indices)
+
+
+def _shaped_like(gradient: Any, variable: Any) -> Any:
+    """`gradient`, a dense one with its `variable`'s static shape."""
+    if isinstance(gradient, tf.IndexedSlices) or gradient.shape == variable.shape:
+        return gradient
+    return tf.reshape(gradient, variable.shape)
 
 
 def _copy_of(variable: keras.Variable) -> keras.Variable:

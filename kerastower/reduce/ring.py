@@ -13,6 +13,7 @@ each of ``N`` devices; an all-gather of ``R`` bytes in all, ``(N-1)/N * R``.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Sequence
 
 import tensorflow as tf
@@ -111,6 +112,28 @@ def unpack(flat: tf.Tensor, shapes: Sequence[tf.TensorShape]) -> list[tf.Tensor]
     ]
 
 
+@functools.lru_cache(maxsize=256)
+def _traced(unpacks: bool, shapes: tuple, dtype: tf.DType, wire: tf.DType):
+    """`pack` (cast to `wire`) or `unpack` (cast back) of `shapes`, traced once.
+
+    Every tower calls the one function on its device: a step traces its
+    buckets' reshapes once, not once per tower. The calls are inlined when
+    the step runs, so the step's graph is the same.
+    """
+    shapes = [tf.TensorShape(s) for s in shapes]
+    if unpacks:
+        size = sum(s.num_elements() for s in shapes)
+        function = tf.function(
+            lambda flat: unpack(tf.cast(flat, dtype), shapes), autograph=False
+        )
+        specs = [tf.TensorSpec([size], wire)]
+    else:
+        function = tf.function(lambda ts: tf.cast(pack(ts), wire), autograph=False)
+        specs = [[tf.TensorSpec(s, dtype) for s in shapes]]
+    with tf.init_scope():  # apart from the step, on no device: the caller's
+        return function.get_concrete_function(*specs)
+
+
 class Ring:
     """Collectives whose members are `devices`, one tensor per device.
 
@@ -174,14 +197,16 @@ class Ring:
             wire = tf.as_dtype(options.compression)
         out: list[list] = [[None] * len(first) for _ in per_device]
         for bucket in buckets(sizes, options.bucket_bytes):
+            shaped = tuple(tuple(shapes[k].as_list()) for k in bucket)
+            packs = _traced(False, shaped, dtype, wire)
+            unpacks = _traced(True, shaped, dtype, wire)
             flats = []
             for device, tensors in zip(self.devices, per_device):
                 with tf.device(device):
-                    flat = pack([tensors[k] for k in bucket])
-                    flats.append(tf.cast(flat, wire))
+                    flats.append(packs([tensors[k] for k in bucket]))
             for i, total in enumerate(self.sum(flats)):
                 with tf.device(self.devices[i]):
-                    pieces = unpack(tf.cast(total, dtype), [shapes[k] for k in bucket])
+                    pieces = unpacks(total)
                 for k, value in zip(bucket, pieces):
                     out[i][k] = value
         return out

@@ -279,25 +279,28 @@ class TowerStep:
             for j in connected:  # both branches must agree
                 rows = rows_inside[j] if traced is None else j in traced
                 static_rows[j] = static_rows.get(j, True) and rows
-            static = [static_rows[j] for j in connected]
             grads = [t[0] for t in per_tower]
             if replicas is None:
+                static = [static_rows[j] for j in connected]
                 grads = [sum_gradients(g, rows) for g, rows in zip(zip(*grads), static)]
-            elif update_replicas:  # `step_total`: every worker's examples
-                grads = replicas.update(
-                    grads, connected, static, accumulator, self.step_total
-                )
-            else:
-                grads = replicas.reduce(
-                    grads, [variables[j] for j in connected], static
-                )
-                grads = grads[0]
+            else:  # all-reduced once, after both ways of running the batch
+                grads = replicas.every_tower(grads)
             return grads, loss, outputs, per_output, masks
 
         with layer_updates.step_state(self.model, replicas) as state:
             (grads, loss, outputs, per_output, masks), total = self.split_run(
                 tower_fn, combine, data, state=state
             )
+        if replicas is not None:
+            static = [static_rows[j] for j in connected]
+            if update_replicas:  # `step_total`: every worker's examples
+                grads = replicas.update(
+                    grads, connected, static, accumulator, self.step_total
+                )
+            else:
+                grads = replicas.reduce(
+                    grads, [variables[j] for j in connected], static
+                )[0]
         outputs = with_masks(outputs, masks)
         self.loss.update_metrics(
             per_output, outputs if tf.nest.flatten(outputs) else data

@@ -192,8 +192,13 @@ def token_and_position_model():
     keras.utils.set_random_seed(0)
     inputs = keras.Input((6,), dtype="int32")
     tokens = keras.layers.Embedding(50, 4)(inputs)
-    # A table gathered once per batch: its rows merge by index across towers.
-    positions = keras.layers.Embedding(6, 4)(keras.ops.arange(6))
+    # A second table, gathered at each example's positions 0..5. The indices
+    # come from the inputs: on a constant, the layer would run once, when the
+    # model is built, and its table would get no gradient.
+    index = keras.layers.Lambda(
+        lambda t: t * 0 + keras.ops.arange(6, dtype="int32"), output_shape=(6,)
+    )
+    positions = keras.layers.Embedding(6, 4)(index(inputs))
     hidden = keras.layers.GlobalAveragePooling1D()(tokens + positions)
     return keras.Model(inputs, keras.layers.Dense(1)(hidden))
 
@@ -216,7 +221,8 @@ def test_sparse_rows_are_gathered_on_every_tower(options, monkeypatch):
     # of `steps_per_execution=3`.
     assert_trains_as_one_device(plain, towered, x, y, batch_size=7, epochs=2)
     assert_trains_as_one_device(plain, towered, x[:2], y[:2], batch_size=2)
-    # Every tower received the rows (values and indices) of both tables.
+    # Every tower received the rows (values and indices) of both tables, in
+    # one gather each per traced step (every step, eagerly).
     assert gathered.count >= 2
 
 

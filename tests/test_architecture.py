@@ -26,26 +26,28 @@ LAYERS = [
         "kerastower._functional_variants",
         "kerastower.tower_choice",
         "kerastower._installed_keras",
-        "kerastower.cluster",
-        "kerastower.worker_configs",
-        "kerastower.slurm",
-        "kerastower.worker_group",
-        "kerastower.heartbeats",
-        "kerastower.private_network",
+        # The workers wing's plain-Python modules.
+        "kerastower.workers",
+        "kerastower.workers.cluster",
+        "kerastower.workers.configs",
+        "kerastower.workers.slurm",
+        "kerastower.workers.group",
+        "kerastower.workers.heartbeats",
+        "kerastower.workers.private_network",
     ],
     # This process's devices and cluster, and the public plain functions.
     [
         "kerastower.devices",
-        "kerastower.multi_worker",
+        "kerastower.workers.multi_worker",
         "kerastower.strategy",
         "kerastower.scaling",
-        "kerastower.launch",
+        "kerastower.workers.launch",
     ],
     ["kerastower.reduce."],  # every sum across towers, workers, replicas
     ["kerastower.step."],  # one step over this worker's towers
     ["kerastower.model", "kerastower.entry_points", "kerastower.data"],
     ["kerastower.on_jax."],  # `TowerModel` on Keras's JAX backend
-    ["kerastower.callbacks.", "kerastower.evaluator", "kerastower.testing."],
+    ["kerastower.callbacks.", "kerastower.workers.evaluator", "kerastower.testing."],
     ["kerastower", "kerastower._startup"],  # the public face
     ["kerastower.cli.", "kerastower.__main__"],  # the command line: a leaf
 ]
@@ -223,12 +225,13 @@ def test_the_private_read_check_can_fail(tmp_path, monkeypatch, source, expected
 
 def test_the_circle_and_layer_checks_can_fail(monkeypatch):
     # The circle the package had: cli -> demo -> model -> multi_worker -> cli.
-    monkeypatch.setitem(GRAPH, "kerastower.multi_worker", {"kerastower.cli.command"})
+    worker = "kerastower.workers.multi_worker"
+    monkeypatch.setitem(GRAPH, worker, {"kerastower.cli.command"})
     with pytest.raises(AssertionError, match="multi_worker"):
         test_no_import_runs_back_up_the_layers()
     with pytest.raises(AssertionError):
         test_library_code_never_imports_the_command_line()
-    monkeypatch.setitem(GRAPH, "kerastower.cli.command", {"kerastower.multi_worker"})
+    monkeypatch.setitem(GRAPH, "kerastower.cli.command", {worker})
     with pytest.raises(AssertionError, match="import circles"):
         test_no_import_circle()
 

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from kerastower import launch, worker_group
 from kerastower.cli import command as cli
 from kerastower.cli import launch_command
+from kerastower.workers import group, launch
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -330,7 +330,7 @@ class _EndsBetweenPolls:
 def test_a_worker_that_ends_between_two_polls_is_not_taken_for_a_success(capsys):
     # CI once saw status 0 for a SIGKILLed worker: it died between the poll
     # that looks for failures and the one that looks for running workers.
-    workers = worker_group.WorkerGroup()
+    workers = group.WorkerGroup()
     workers.track(_EndsBetweenPolls())
     assert workers.wait(grace_period=1, signals=[]) == 128 + 9
     assert "worker 0 was killed by SIGKILL" in capsys.readouterr().err
@@ -379,7 +379,7 @@ def test_command_passes_the_script_its_arguments_without_loading_tensorflow(
     # `-X importtime` lists the modules the launcher imported (see also the
     # next test, which looks at the libraries it loaded).
     imported = re.findall(r"^import time:.*\|\s*(\S+)$", stderr, flags=re.M)
-    assert "kerastower.launch" in imported
+    assert "kerastower.workers.launch" in imported
     assert "tensorflow" not in imported and "keras" not in imported
 
 
@@ -601,7 +601,7 @@ def test_a_hung_worker_is_found_by_the_collective_timeout_and_reported():
 
 
 def test_heartbeats_describe_the_last_record(tmp_path):
-    from kerastower import heartbeats
+    from kerastower.workers import heartbeats
 
     path = str(tmp_path / "beat")
     assert heartbeats.describe(path) is None  # no file yet

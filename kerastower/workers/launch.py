@@ -24,10 +24,7 @@ import sys
 import tempfile
 from collections.abc import Sequence
 
-from kerastower.heartbeats import HEARTBEAT_VARIABLE
-from kerastower.private_network import PrivateNetwork
-from kerastower.slurm import DEFAULT_PORT_BASE, slurm_task
-from kerastower.worker_configs import (
+from kerastower.workers.configs import (
     LOGICAL_DEVICES_VARIABLE,
     LOOPBACK,
     TRAINING_DONE_VARIABLE,
@@ -36,13 +33,16 @@ from kerastower.worker_configs import (
     tf_config_for,
     towers_per_worker,
 )
-from kerastower.worker_group import (
+from kerastower.workers.group import (
     WorkerGroup,
     exit_status,
     run_group,
     say,
     signals_recorded,
 )
+from kerastower.workers.heartbeats import HEARTBEAT_VARIABLE
+from kerastower.workers.private_network import PrivateNetwork
+from kerastower.workers.slurm import DEFAULT_PORT_BASE, slurm_task
 
 __all__ = [
     "LOOPBACK",

@@ -20,7 +20,8 @@ import warnings
 
 import tensorflow as tf
 
-from kerastower import _keras_compat, cluster
+from kerastower import _keras_compat
+from kerastower.workers import cluster
 
 DEFAULT_TIMEOUT_SECONDS = 600.0
 """Seconds a collective operation waits for the other workers, unless

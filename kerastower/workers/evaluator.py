@@ -32,7 +32,7 @@ from kerastower.callbacks.checkpoint_files import (
     name_regex,
     write_atomically,
 )
-from kerastower.worker_configs import TRAINING_DONE_VARIABLE
+from kerastower.workers.configs import TRAINING_DONE_VARIABLE
 
 LOG_NAME = "evaluations.jsonl"
 """The JSON lines log that `SidecarEvaluator` keeps in its `log_dir`."""

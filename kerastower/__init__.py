@@ -61,7 +61,7 @@ elif _startup.on_jax():
             )
         raise AttributeError(f"module 'kerastower' has no attribute {name!r}")
 else:
-    from kerastower import callbacks, testing
+    from kerastower import callbacks, cluster, evaluator, multi_worker, testing
     from kerastower._errors import KerasCompatibilityError
     from kerastower.data import batch_for_towers
     from kerastower.devices import available_devices, configure_logical_devices
@@ -70,7 +70,6 @@ else:
     from kerastower.scaling import global_batch_size
     from kerastower.step.shards import split_sizes
     from kerastower.strategy import TowerStrategy
-    from kerastower.workers import cluster, evaluator, multi_worker
     from kerastower.workers.cluster import (
         is_chief,
         is_multi_worker,

@@ -26,8 +26,9 @@ LAYERS = [
         "kerastower._functional_variants",
         "kerastower.tower_choice",
         "kerastower._installed_keras",
-        # The workers wing's plain-Python modules.
+        # The workers wing's plain-Python modules, and one's old path.
         "kerastower.workers",
+        "kerastower.cluster",
         "kerastower.workers.cluster",
         "kerastower.workers.configs",
         "kerastower.workers.slurm",
@@ -42,12 +43,19 @@ LAYERS = [
         "kerastower.strategy",
         "kerastower.scaling",
         "kerastower.workers.launch",
+        "kerastower.multi_worker",
+        "kerastower.launch",
     ],
     ["kerastower.reduce."],  # every sum across towers, workers, replicas
     ["kerastower.step."],  # one step over this worker's towers
     ["kerastower.model", "kerastower.entry_points", "kerastower.data"],
     ["kerastower.on_jax."],  # `TowerModel` on Keras's JAX backend
-    ["kerastower.callbacks.", "kerastower.workers.evaluator", "kerastower.testing."],
+    [
+        "kerastower.callbacks.",
+        "kerastower.workers.evaluator",
+        "kerastower.evaluator",
+        "kerastower.testing.",
+    ],
     ["kerastower", "kerastower._startup"],  # the public face
     ["kerastower.cli.", "kerastower.__main__"],  # the command line: a leaf
 ]
@@ -277,6 +285,35 @@ def test_the_jax_wing_and_tensorflow_side_do_not_import_each_other(monkeypatch):
     ]
 
 
+# The workers wing's public modules at the paths they had before the wing:
+# each hands on its module's names, for users. The library imports the
+# module where the code is, so that patching a module patches the code.
+OLD_PATHS = {
+    "kerastower.cluster": "kerastower.workers.cluster",
+    "kerastower.multi_worker": "kerastower.workers.multi_worker",
+    "kerastower.evaluator": "kerastower.workers.evaluator",
+    "kerastower.launch": "kerastower.workers.launch",
+}
+
+
+def old_path_imports(graph) -> list[str]:
+    """Imports of an old path by anything but the package's face."""
+    return sorted(
+        f"{name} imports {dep}"
+        for name, deps in graph.items()
+        for dep in deps
+        if dep in OLD_PATHS and name != "kerastower"
+    )
+
+
+def test_the_library_imports_the_workers_wing_where_its_code_is(monkeypatch):
+    for old, new in OLD_PATHS.items():
+        assert GRAPH[old] == {new}, f"{old} should import {new} only"
+    assert old_path_imports(GRAPH) == []
+    monkeypatch.setitem(GRAPH, "kerastower.model", {"kerastower.cluster"})
+    assert old_path_imports(GRAPH) == ["kerastower.model imports kerastower.cluster"]
+
+
 # Code lines: what a reader reads as code, docstrings, comments and blank
 # lines apart, so that prose never has to move to pass the check.
 CODE_LINES = 300
@@ -324,9 +361,11 @@ def test_the_code_line_count_leaves_prose_out_and_can_fail():
 
 def test_the_import_parser_sees_the_real_package():
     # Guards every check above against passing on an empty or misread graph.
-    assert len(MODULES) >= 90
+    assert len(MODULES) >= 100
     known = {
         "kerastower.model": "kerastower.step.tower_step",
+        "kerastower.workers.launch": "kerastower.workers.group",
+        "kerastower.cluster": "kerastower.workers.cluster",
         "kerastower.step.tower_step": "kerastower.reduce.gradients",
         "kerastower.on_jax.model": "kerastower._jax_compat",
         "kerastower.cli.command": "kerastower.cli.launch_command",

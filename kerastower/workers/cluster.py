@@ -1,26 +1,7 @@
 """Who this process is in a multi-worker cluster, read from `TF_CONFIG`.
 
-`TF_CONFIG` is the JSON environment variable that TensorFlow's multi-worker
-strategies read:
-
-```json
-{"cluster": {"chief": ["host0:2222"], "worker": ["host1:2222", "host2:2222"]},
- "task": {"type": "worker", "index": 0}}
-```
-
-The training workers are the ``"chief"`` task (at most one) and the
-``"worker"`` tasks. An ``"evaluator"`` task (at most one) trains nothing: it
-evaluates the checkpoints that training writes (`kerastower.evaluator`), and
-is neither counted among the workers nor multi-worker itself. The workers'
-global index puts the chief first: with a chief, chief -> 0 and worker ``i``
--> ``i + 1``; without one, worker ``i`` -> ``i``.
-The chief is the ``"chief"`` task, or worker 0 when the cluster has none; it is
-the one process that writes checkpoints and logs. Without `TF_CONFIG` (or with
-an empty one) the process is a single worker, index 0, and the chief.
-
-Everything here is plain Python: `parse_tf_config` and the `*_of` functions
-work on a given config, the others read the environment each time they are
-called, so changing `TF_CONFIG` (as tests do) takes effect at once.
+Plain Python, public as `kerastower.cluster` (whose docstring says what
+`TF_CONFIG` holds, who the chief is and how the workers are numbered).
 """
 
 from __future__ import annotations

@@ -1,12 +1,7 @@
 """`SidecarEvaluator`: evaluates each checkpoint as training writes it.
 
-The ``"evaluator"`` task of a cluster (`kerastower.cluster.is_evaluator`,
-``kerastower launch --evaluator``) trains nothing: it watches the files a
-`kerastower.callbacks.ChiefCheckpoint` writes, loads each new one into its
-own model and evaluates it on its own devices, so that the training workers
-never stop for a validation pass. It reads only whole files (the chief
-writes each checkpoint under a hidden temporary name and renames it into
-place) and joins no collective, so it never blocks the workers.
+Public as `kerastower.evaluator`, whose docstring says what the evaluator
+task does and why it never blocks the training workers.
 """
 
 from __future__ import annotations

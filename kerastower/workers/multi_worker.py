@@ -1,17 +1,7 @@
 """This process's place in a cluster: `MultiWorkerMirroredStrategy`, made once.
 
-Within a worker, `TowerModel` splits its local batch over its local towers.
-Across workers it uses the collective all-reduce of a
-`tf.distribute.MultiWorkerMirroredStrategy`, TensorFlow's own multi-worker
-engine: the global batch size,
-the gradients and the metric updates are summed over workers, so every worker
-applies the same update to the same weights.
-
-TensorFlow sets the cluster up at start-up only, so when `TF_CONFIG` names
-several workers, importing kerastower prepares it (`prepare_workers`): the
-script may then build its layers, models and data in any order, and the
-strategy is made with the first `TowerModel` (or `worker_strategy`). See the
-guide to several machines.
+Public as `kerastower.multi_worker`, whose docstring says how the workers
+train together and when the cluster is set up.
 """
 
 from __future__ import annotations

@@ -35,15 +35,6 @@ from kerastower.workers.heartbeats import HEARTBEAT_VARIABLE
 from kerastower.workers.private_network import PrivateNetwork
 from kerastower.workers.slurm import DEFAULT_PORT_BASE, slurm_task
 
-__all__ = [
-    "LOOPBACK",
-    "free_loopback_ports",
-    "launch",
-    "launch_slurm_task",
-    "tf_config_for",
-    "towers_per_worker",
-]
-
 DEFAULT_GRACE_PERIOD = 10.0
 # Set in every worker's environment: how many times the launcher restarted
 # the workers before starting this one (0 for the first start).

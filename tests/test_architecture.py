@@ -26,10 +26,11 @@ LAYERS = [
         "kerastower._functional_variants",
         "kerastower.tower_choice",
         "kerastower._installed_keras",
-        # The workers wing's plain-Python modules, and one's old path.
+        # The workers wing spans three layers, so its modules are listed one
+        # by one here; its public modules' old paths sit beside them.
         "kerastower.workers",
-        "kerastower.cluster",
         "kerastower.workers.cluster",
+        "kerastower.cluster",
         "kerastower.workers.configs",
         "kerastower.workers.slurm",
         "kerastower.workers.group",
@@ -39,11 +40,11 @@ LAYERS = [
     # This process's devices and cluster, and the public plain functions.
     [
         "kerastower.devices",
-        "kerastower.workers.multi_worker",
         "kerastower.strategy",
         "kerastower.scaling",
-        "kerastower.workers.launch",
+        "kerastower.workers.multi_worker",
         "kerastower.multi_worker",
+        "kerastower.workers.launch",
         "kerastower.launch",
     ],
     ["kerastower.reduce."],  # every sum across towers, workers, replicas

@@ -63,12 +63,17 @@ elif _startup.on_jax():
 else:
     from kerastower import callbacks, cluster, evaluator, multi_worker, testing
     from kerastower._errors import KerasCompatibilityError
-    from kerastower.cluster import is_chief, is_multi_worker, num_workers, worker_index
     from kerastower.data import batch_for_towers
     from kerastower.devices import available_devices, configure_logical_devices
     from kerastower.model import TowerModel
-    from kerastower.multi_worker import worker_strategy
     from kerastower.reduce.ring import AllReduceOptions
     from kerastower.scaling import global_batch_size
     from kerastower.step.shards import split_sizes
     from kerastower.strategy import TowerStrategy
+    from kerastower.workers.cluster import (
+        is_chief,
+        is_multi_worker,
+        num_workers,
+        worker_index,
+    )
+    from kerastower.workers.multi_worker import worker_strategy

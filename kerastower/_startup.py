@@ -67,7 +67,8 @@ def prepare_process() -> None:
     _installed_keras.check_backend_variable()
     if on_jax():
         return  # JAX's devices are its own (`kerastower.on_jax`)
-    from kerastower import devices, multi_worker
+    from kerastower import devices
+    from kerastower.workers import multi_worker
 
     devices.configure_from_environment()
     multi_worker.prepare_workers()

@@ -6,9 +6,10 @@ import os
 
 import tensorflow as tf
 
-from kerastower import cluster, tower_choice
+from kerastower import tower_choice
 from kerastower.tower_choice import Towers
-from kerastower.worker_configs import LOGICAL_DEVICES_VARIABLE
+from kerastower.workers import cluster
+from kerastower.workers.configs import LOGICAL_DEVICES_VARIABLE
 
 
 def configure_logical_devices(n: int, device_type: str = "CPU") -> list[str]:

@@ -18,11 +18,11 @@ from typing import Any
 
 import tensorflow as tf
 
-from kerastower import heartbeats
 from kerastower._keras_compat.family import keras
 from kerastower.reduce.replicas import Replicas
 from kerastower.reduce.workers import BroadcastFromChief
 from kerastower.step import checks, coupled_loss
+from kerastower.workers import heartbeats
 
 
 class EntryPoints:

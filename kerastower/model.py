@@ -9,7 +9,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from kerastower import _keras_compat, cluster, multi_worker
+from kerastower import _keras_compat
 from kerastower import devices as devices_lib
 from kerastower._keras_compat import Functional, functional_init_arguments
 from kerastower._keras_compat.family import keras
@@ -21,6 +21,7 @@ from kerastower.reduce.ring import AllReduceOptions
 from kerastower.step import checks, custom_step, traced_towers
 from kerastower.step.tower_step import TowerStep
 from kerastower.strategy import TowerStrategy
+from kerastower.workers import cluster, multi_worker
 
 
 @_keras_compat.register_serializable("kerastower")

@@ -14,129 +14,18 @@ strategy is made with the first `TowerModel` (or `worker_strategy`). See the
 guide to several machines.
 """
 
-from __future__ import annotations
+# The code is in kerastower/workers/multi_worker.py; this module hands on its
+# public names under the path they have always had.
+from kerastower.workers.multi_worker import (
+    DEFAULT_TIMEOUT_SECONDS,
+    prepare_workers,
+    timeout,
+    worker_strategy,
+)
 
-import warnings
-
-import tensorflow as tf
-
-from kerastower import _keras_compat, cluster
-
-DEFAULT_TIMEOUT_SECONDS = 600.0
-"""Seconds a collective operation waits for the other workers, unless
-`worker_strategy(timeout_seconds=...)` sets another."""
-_STRATEGY: tf.distribute.Strategy | None = None
-_TIMEOUT_SECONDS = DEFAULT_TIMEOUT_SECONDS
-
-
-def prepare_workers() -> bool:
-    """Prepares this process to be a cluster worker, when `TF_CONFIG` says so.
-
-    kerastower calls it when it is imported (after
-    it sets up the logical CPUs that ``KERASTOWER_LOGICAL_DEVICES`` asks for;
-    the ``kerastower`` command line is
-    never prepared). Under a `TF_CONFIG` naming two or more training workers,
-    it configures TensorFlow's collective ops the way
-    `MultiWorkerMirroredStrategy` will, so that the runtime, whenever the
-    script first starts it (a layer, a tensor, a data set), starts as this
-    cluster worker. It changes nothing else and does not connect yet.
-
-    A malformed `TF_CONFIG` is left for `worker_strategy` to report.
-
-    Returns:
-        Whether the process was prepared.
-    """
-    try:
-        config = cluster.tf_config()
-    except ValueError:
-        return False
-    if cluster.num_workers_of(config) < 2:
-        return False
-    if config["task"]["type"] not in cluster.TRAINING_TASK_TYPES:
-        return False
-    return _keras_compat.prepare_collective_ops()
-
-
-def worker_strategy(
-    timeout_seconds: float | None = None,
-) -> tf.distribute.MultiWorkerMirroredStrategy:
-    """Returns this process's `MultiWorkerMirroredStrategy`, made once.
-
-    `TowerModel` calls it itself when `TF_CONFIG` names two or more workers;
-    call it yourself to choose `timeout_seconds` (only the first call's is
-    used; a later call asking for another warns) or to use the strategy
-    directly. It may come before or after the model is built, provided
-    kerastower was imported before TensorFlow started its runtime (see
-    `prepare_workers`).
-
-    Example:
-
-    ```python
-    import kerastower
-
-    kerastower.configure_logical_devices(2)  # without GPUs: 2 towers per worker
-    strategy = kerastower.worker_strategy(timeout_seconds=300)
-    print(kerastower.num_workers())  # from TF_CONFIG; 1 without it
-    ```
-
-    Args:
-        timeout_seconds: How long a collective operation may wait for the other
-            workers before failing, so that a dead worker stops the others
-            with an error instead of a hang. Defaults to 600 seconds.
-
-    Returns:
-        The strategy; the same object on every call.
-
-    Raises:
-        ValueError: If `timeout_seconds` is not positive or `TF_CONFIG` is
-            malformed.
-        RuntimeError: If TensorFlow started its runtime before kerastower was
-            imported, so the cluster can no longer be set up.
-    """
-    global _STRATEGY, _TIMEOUT_SECONDS
-    if timeout_seconds is not None and not timeout_seconds > 0:
-        raise ValueError(
-            "`timeout_seconds` must be > 0. "
-            f"Received: timeout_seconds={timeout_seconds!r}"
-        )
-    if _STRATEGY is None:
-        cluster.tf_config()  # validates TF_CONFIG with a clear error
-        _TIMEOUT_SECONDS = timeout_seconds or DEFAULT_TIMEOUT_SECONDS
-        options = tf.distribute.experimental.CommunicationOptions(
-            timeout_seconds=_TIMEOUT_SECONDS
-        )
-        try:
-            with _keras_compat.strategy_made_after_start():
-                strategy = tf.distribute.MultiWorkerMirroredStrategy(
-                    communication_options=options
-                )
-        except RuntimeError as error:
-            raise RuntimeError(
-                "TF_CONFIG names several workers, but TensorFlow started its "
-                "runtime before kerastower was imported, so the cluster can no "
-                "longer be set up. Move `import kerastower` above the first "
-                "layer, model, tensor or data set of the program (importing "
-                "keras or tensorflow before it is fine)."
-            ) from error
-        _keras_compat.check_prepared()
-        _STRATEGY = strategy
-    elif timeout_seconds is not None and timeout_seconds != _TIMEOUT_SECONDS:
-        warnings.warn(
-            f"`timeout_seconds={timeout_seconds:g}` is ignored: this process's "
-            f"strategy was made with timeout_seconds={_TIMEOUT_SECONDS:g}, by "
-            "an earlier call or by the first TowerModel. Call "
-            "`kerastower.worker_strategy(timeout_seconds=...)` before building "
-            "the model.",
-            stacklevel=2,
-        )
-    return _STRATEGY
-
-
-def timeout() -> float:
-    """How long a collective operation may wait for the other workers.
-
-    Returns:
-        The timeout in seconds: the first `worker_strategy` call's, else
-        `DEFAULT_TIMEOUT_SECONDS`.
-    """
-    return _TIMEOUT_SECONDS
+__all__ = [
+    "DEFAULT_TIMEOUT_SECONDS",
+    "prepare_workers",
+    "worker_strategy",
+    "timeout",
+]

@@ -82,7 +82,8 @@ CORE = (
 # timing, and share the cores.
 EXCLUSIVE = (
     "tests/callbacks/test_backup_and_restore.py",
-    "tests/cli/test_launch.py",
+    "tests/cli/test_launch_command.py",
+    "tests/cli/test_launch_workers.py",
     "tests/test_multi_worker.py",
     "tests/test_reliability.py",
 )

@@ -26,26 +26,37 @@ LAYERS = [
         "kerastower._functional_variants",
         "kerastower.tower_choice",
         "kerastower._installed_keras",
+        # The workers wing spans three layers, so its modules are listed one
+        # by one here; its public modules' old paths sit beside them.
+        "kerastower.workers",
+        "kerastower.workers.cluster",
         "kerastower.cluster",
-        "kerastower.worker_configs",
-        "kerastower.slurm",
-        "kerastower.worker_group",
-        "kerastower.heartbeats",
-        "kerastower.private_network",
+        "kerastower.workers.configs",
+        "kerastower.workers.slurm",
+        "kerastower.workers.group",
+        "kerastower.workers.heartbeats",
+        "kerastower.workers.private_network",
     ],
     # This process's devices and cluster, and the public plain functions.
     [
         "kerastower.devices",
-        "kerastower.multi_worker",
         "kerastower.strategy",
         "kerastower.scaling",
+        "kerastower.workers.multi_worker",
+        "kerastower.multi_worker",
+        "kerastower.workers.launch",
         "kerastower.launch",
     ],
     ["kerastower.reduce."],  # every sum across towers, workers, replicas
     ["kerastower.step."],  # one step over this worker's towers
     ["kerastower.model", "kerastower.entry_points", "kerastower.data"],
     ["kerastower.on_jax."],  # `TowerModel` on Keras's JAX backend
-    ["kerastower.callbacks.", "kerastower.evaluator", "kerastower.testing."],
+    [
+        "kerastower.callbacks.",
+        "kerastower.workers.evaluator",
+        "kerastower.evaluator",
+        "kerastower.testing.",
+    ],
     ["kerastower", "kerastower._startup"],  # the public face
     ["kerastower.cli.", "kerastower.__main__"],  # the command line: a leaf
 ]
@@ -223,12 +234,13 @@ def test_the_private_read_check_can_fail(tmp_path, monkeypatch, source, expected
 
 def test_the_circle_and_layer_checks_can_fail(monkeypatch):
     # The circle the package had: cli -> demo -> model -> multi_worker -> cli.
-    monkeypatch.setitem(GRAPH, "kerastower.multi_worker", {"kerastower.cli.command"})
+    worker = "kerastower.workers.multi_worker"
+    monkeypatch.setitem(GRAPH, worker, {"kerastower.cli.command"})
     with pytest.raises(AssertionError, match="multi_worker"):
         test_no_import_runs_back_up_the_layers()
     with pytest.raises(AssertionError):
         test_library_code_never_imports_the_command_line()
-    monkeypatch.setitem(GRAPH, "kerastower.cli.command", {"kerastower.multi_worker"})
+    monkeypatch.setitem(GRAPH, "kerastower.cli.command", {worker})
     with pytest.raises(AssertionError, match="import circles"):
         test_no_import_circle()
 
@@ -272,6 +284,35 @@ def test_the_jax_wing_and_tensorflow_side_do_not_import_each_other(monkeypatch):
         "kerastower.on_jax.steps imports kerastower.model",
         "kerastower.step.checks imports kerastower.on_jax",
     ]
+
+
+# The workers wing's public modules at the paths they had before the wing:
+# each hands on its module's names, for users. The library imports the
+# module where the code is, so that patching a module patches the code.
+OLD_PATHS = {
+    "kerastower.cluster": "kerastower.workers.cluster",
+    "kerastower.multi_worker": "kerastower.workers.multi_worker",
+    "kerastower.evaluator": "kerastower.workers.evaluator",
+    "kerastower.launch": "kerastower.workers.launch",
+}
+
+
+def old_path_imports(graph) -> list[str]:
+    """Imports of an old path by anything but the package's face."""
+    return sorted(
+        f"{name} imports {dep}"
+        for name, deps in graph.items()
+        for dep in deps
+        if dep in OLD_PATHS and name != "kerastower"
+    )
+
+
+def test_the_library_imports_the_workers_wing_where_its_code_is(monkeypatch):
+    for old, new in OLD_PATHS.items():
+        assert GRAPH[old] == {new}, f"{old} should import {new} only"
+    assert old_path_imports(GRAPH) == []
+    monkeypatch.setitem(GRAPH, "kerastower.model", {"kerastower.cluster"})
+    assert old_path_imports(GRAPH) == ["kerastower.model imports kerastower.cluster"]
 
 
 # Code lines: what a reader reads as code, docstrings, comments and blank
@@ -321,9 +362,11 @@ def test_the_code_line_count_leaves_prose_out_and_can_fail():
 
 def test_the_import_parser_sees_the_real_package():
     # Guards every check above against passing on an empty or misread graph.
-    assert len(MODULES) >= 90
+    assert len(MODULES) >= 100
     known = {
         "kerastower.model": "kerastower.step.tower_step",
+        "kerastower.workers.launch": "kerastower.workers.group",
+        "kerastower.cluster": "kerastower.workers.cluster",
         "kerastower.step.tower_step": "kerastower.reduce.gradients",
         "kerastower.on_jax.model": "kerastower._jax_compat",
         "kerastower.cli.command": "kerastower.cli.launch_command",

@@ -8,7 +8,7 @@ import pytest
 import tensorflow as tf
 
 import kerastower
-from kerastower import cluster
+from kerastower.workers import cluster
 
 
 def _set(monkeypatch, config):

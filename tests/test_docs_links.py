@@ -1,12 +1,13 @@
 """Docs and docstrings name only what the API reference documents.
 
 A reader who meets `kerastower.step.batch_norm` in a docstring, or
-``[...][kerastower.slurm.slurm_task]`` on a page, finds no page for it: the
-internal modules are not the API. Every ``kerastower.<dotted>`` name on a docs
-page or in a docstring that the API pages render, and every backticked
-``step.x``, ``reduce.x`` or ``_keras_compat`` (the internal modules by their
-short names), must be an object of the API pages, under a public path. The
-site is built once, strictly, to read which objects the API pages render.
+``[...][kerastower.workers.slurm.slurm_task]`` on a page, finds no page for
+it: the internal modules are not the API. Every ``kerastower.<dotted>`` name on
+a docs page or in a docstring that the API pages render, and every backticked
+``step.x``, ``reduce.x``, ``slurm.x`` or ``_keras_compat`` (the internal
+modules by their short names), must be an object of the API pages, under a
+public path. The site is built once, strictly, to read which objects the API
+pages render.
 """
 
 import os
@@ -19,6 +20,7 @@ from pathlib import Path
 import pytest
 
 import kerastower
+import kerastower.workers
 
 pytest.importorskip("mkdocs")
 griffe = pytest.importorskip("griffe")
@@ -65,21 +67,30 @@ def package():
 
 
 def _short_names(public):
-    """The internal modules' short names: ``step``, ``reduce``, ``slurm``, ..."""
-    names = {m.name for m in pkgutil.iter_modules(kerastower.__path__)}
-    return sorted(names - {m.rpartition(".")[2] for m in public} - AMBIGUOUS)
+    """The internal modules' short names, each with its dotted path.
+
+    ``step``, ``reduce``, ... of the top level, and the workers wing's
+    (``slurm`` is ``kerastower.workers.slurm``).
+    """
+    paths = {}
+    for package in (kerastower, kerastower.workers):
+        for module in pkgutil.iter_modules(package.__path__):
+            paths.setdefault(module.name, f"{package.__name__}.{module.name}")
+    public_names = {m.rpartition(".")[2] for m in public} | AMBIGUOUS
+    return {name: path for name, path in paths.items() if name not in public_names}
 
 
 def references(text, short_names):
     """The kerastower objects that `text` names, as ``kerastower.`` paths."""
     text = OUTPUT.sub("", text)
     found = [m.group(0) for m in DOTTED.finditer(text)]
-    prefixes = "|".join(short_names)
+    prefixes = "|".join(sorted(short_names))
     short = re.compile(rf"`((?:{prefixes})(?:\.[A-Za-z_]\w*)*)")
     for match in short.finditer(text):
         name = match.group(1)
         if "." in name or name.startswith("_"):
-            found.append(f"kerastower.{name}")
+            module, dot, rest = name.partition(".")
+            found.append(short_names[module] + dot + rest)
     return found
 
 
@@ -167,22 +178,24 @@ def test_the_check_finds_internal_names(documented, package):
     text = (
         "```text\nkerastower._keras_compat.errors.KerasCompatibilityError: ...\n```\n"
         "See `kerastower.step.batch_norm`, `reduce.replicas`, `_keras_compat`, "
-        "[the task][kerastower.slurm.slurm_task], kerastower.launch.LOGICAL, "
-        "`kerastower.model.TowerModel` and `kerastower.worker_configs`; "
+        "[the task][kerastower.workers.slurm.slurm_task], kerastower.launch.LOGICAL, "
+        "`kerastower.model.TowerModel` and `kerastower.workers.configs`; "
+        "`heartbeats.describe`, `kerastower.cluster.shard`, "
         "[`tf_config_for`][kerastower.launch.tf_config_for], `kerastower.is_chief`, "
         "`kerastower.TowerModel.from_model`, `model.fit` and api/kerastower.md."
     )
     refs = references(text, short)
     assert [r for r in refs if not check.documented(r)] == [
         "kerastower.step.batch_norm",
-        "kerastower.slurm.slurm_task",
+        "kerastower.workers.slurm.slurm_task",
         "kerastower.launch.LOGICAL",
         "kerastower.model.TowerModel",
-        "kerastower.worker_configs",
+        "kerastower.workers.configs",
         "kerastower.reduce.replicas",
         "kerastower._keras_compat",
+        "kerastower.workers.heartbeats.describe",
     ]
-    assert len(refs) == 10
+    assert len(refs) == 12
 
 
 def _options_missing_from_usage(help_text):

@@ -20,7 +20,7 @@ from oracle import assert_close, mlp, regression_data
 
 import kerastower
 from kerastower.callbacks import ChiefCheckpoint
-from kerastower.evaluator import LOG_NAME, SidecarEvaluator
+from kerastower.workers.evaluator import LOG_NAME, SidecarEvaluator
 
 # The one-device oracle loads `.keras` files without building their optimizer.
 pytestmark = pytest.mark.filterwarnings(

@@ -132,7 +132,7 @@ def test_a_dying_worker_stops_the_other_with_an_error_in_bounded_time(tmp_path):
 
 
 def test_a_later_timeout_that_would_be_ignored_warns(monkeypatch):
-    from kerastower import multi_worker
+    from kerastower.workers import multi_worker
 
     made = object()  # the strategy a first call (or a TowerModel) made
     monkeypatch.setattr(multi_worker, "_STRATEGY", made)

@@ -1,7 +1,10 @@
 """The public API is pinned: adding or removing a name is a decision."""
 
+import importlib
 import inspect
 import re
+
+import pytest
 
 import kerastower
 import kerastower.callbacks
@@ -53,3 +56,48 @@ def test_tower_gradients_signature():
     assert parameters["tensors"].kind is inspect.Parameter.VAR_POSITIONAL
     assert parameters["has_aux"].kind is inspect.Parameter.KEYWORD_ONLY
     assert parameters["has_aux"].default is False
+
+
+# The workers wing's public modules, at the paths they had before the code
+# moved into `kerastower.workers`, and the names each hands on.
+WORKER_MODULES = {
+    "kerastower.cluster": [
+        "TRAINING_TASK_TYPES",
+        "EVALUATOR",
+        "parse_tf_config",
+        "tf_config",
+        "num_workers_of",
+        "worker_index_of",
+        "is_chief_of",
+        "num_workers",
+        "worker_index",
+        "is_multi_worker",
+        "is_evaluator",
+        "is_chief",
+        "shard",
+    ],
+    "kerastower.multi_worker": [
+        "DEFAULT_TIMEOUT_SECONDS",
+        "prepare_workers",
+        "worker_strategy",
+        "timeout",
+    ],
+    "kerastower.evaluator": ["LOG_NAME", "SidecarEvaluator"],
+    "kerastower.launch": [
+        "LOOPBACK",
+        "free_loopback_ports",
+        "launch",
+        "launch_slurm_task",
+        "tf_config_for",
+        "towers_per_worker",
+    ],
+}
+
+
+@pytest.mark.parametrize("path", sorted(WORKER_MODULES))
+def test_the_worker_modules_hand_on_the_objects_of_kerastower_workers(path):
+    module = importlib.import_module(path)
+    code = importlib.import_module(path.replace("kerastower.", "kerastower.workers."))
+    assert module.__all__ == WORKER_MODULES[path]
+    for name in module.__all__:
+        assert getattr(module, name) is getattr(code, name), name

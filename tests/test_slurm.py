@@ -1,6 +1,6 @@
 """Slurm: each task's TF_CONFIG and GPUs, against TensorFlow's SlurmClusterResolver.
 
-`kerastower.slurm.slurm_task` reads the variables `srun` sets in each task;
+`kerastower.workers.slurm.slurm_task` reads the variables `srun` sets in each task;
 the resolver, constructed on the same (faked) environment, is the oracle.
 `kerastower launch --slurm` is run end to end on a faked task with tiny
 plain-Python scripts.
@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 import tensorflow as tf
 
-from kerastower import launch
 from kerastower.cli import command as cli
-from kerastower.slurm import expand_hostlist, expand_tasks_per_node, slurm_task
+from kerastower.workers import launch
+from kerastower.workers.slurm import expand_hostlist, expand_tasks_per_node, slurm_task
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -352,7 +352,7 @@ def test_one_task_runs_its_worker_with_its_tf_config_and_status(tmp_path):
     ) in stderr
     assert "kerastower launch: worker 0 exited with 5\n" in stderr
     imported = re.findall(r"^import time:.*\|\s*(\S+)$", stderr, flags=re.M)
-    assert "kerastower.slurm" in imported
+    assert "kerastower.workers.slurm" in imported
     assert "tensorflow" not in imported and "keras" not in imported
 
 

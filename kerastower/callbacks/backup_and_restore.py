@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from kerastower import _keras_compat, cluster
+from kerastower import _keras_compat
 from kerastower._keras_compat.family import keras
 from kerastower.callbacks.backup_files import (
     POINTER,
@@ -21,6 +21,7 @@ from kerastower.callbacks.backup_files import (
 from kerastower.callbacks.checkpoint_files import TEMP_PREFIX, remove_leftovers
 from kerastower.callbacks.counting import loss_count
 from kerastower.reduce import workers
+from kerastower.workers import cluster
 
 
 class BackupAndRestore(keras.callbacks.Callback):

@@ -8,7 +8,7 @@ import shutil
 import tempfile
 import warnings
 
-from kerastower import _keras_compat, cluster
+from kerastower import _keras_compat
 from kerastower._keras_compat.family import keras
 from kerastower.callbacks.checkpoint_files import (
     TEMP_PREFIX,
@@ -21,6 +21,7 @@ from kerastower.callbacks.checkpoint_files import (
     write_atomically,
     write_error,
 )
+from kerastower.workers import cluster
 
 
 class ChiefCheckpoint(_keras_compat.CheckpointHooks, keras.callbacks.ModelCheckpoint):

@@ -10,10 +10,11 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from kerastower import _keras_compat, cluster
+from kerastower import _keras_compat
 from kerastower._keras_compat.family import keras
 from kerastower.callbacks.counting import loss_count
 from kerastower.step.shards import split_sizes
+from kerastower.workers import cluster
 
 
 def execution_batch_sizes(

@@ -259,8 +259,8 @@ def _gpu_details(tf, name: str) -> str:
 def _devices_command(args: argparse.Namespace) -> int:
     import tensorflow as tf
 
-    from kerastower import cluster
     from kerastower.devices import available_devices
+    from kerastower.workers import cluster
 
     if args.towers is None and args.device == "auto":
         devices = available_devices()

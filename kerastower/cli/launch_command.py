@@ -14,14 +14,14 @@ import os
 import shlex
 from collections.abc import Sequence
 
-from kerastower.launch import (
+from kerastower.workers.configs import check_count, tf_config_for
+from kerastower.workers.launch import (
     DEFAULT_GRACE_PERIOD,
     NETWORKS,
     launch,
     launch_slurm_task,
 )
-from kerastower.slurm import DEFAULT_PORT_BASE
-from kerastower.worker_configs import check_count, tf_config_for
+from kerastower.workers.slurm import DEFAULT_PORT_BASE
 
 USAGE = (
     "%(prog)s [-h] -n N [--towers K[,K...]] [--grace-period S] "

@@ -17,9 +17,10 @@ from typing import Any
 
 import tensorflow as tf
 
-from kerastower import _keras_compat, cluster, multi_worker
+from kerastower import _keras_compat
 from kerastower._keras_compat.family import keras
 from kerastower.reduce.gradients import merge_rows
+from kerastower.workers import cluster, multi_worker
 
 
 def all_reduce_sum(strategy: tf.distribute.Strategy, values: Any) -> Any:

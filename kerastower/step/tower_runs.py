@@ -16,12 +16,13 @@ import warnings
 
 import tensorflow as tf
 
-from kerastower import _keras_compat, multi_worker
+from kerastower import _keras_compat
 from kerastower.reduce import keys, workers
 from kerastower.reduce.towers import TowerSum
 from kerastower.step import checks, layer_updates, traced_towers
 from kerastower.step.shards import first_leaf, local_results, tower_shards
 from kerastower.step.tower_context import tower_context
+from kerastower.workers import multi_worker
 
 
 class TowerRuns:

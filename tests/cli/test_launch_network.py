@@ -2,7 +2,7 @@
 
 TensorFlow's servers listen on every interface of the machine, whatever
 `TF_CONFIG` says. A local launch runs its workers in a private network
-(`kerastower.private_network`): a connection to the machine's own address
+(`kerastower.workers.private_network`): a connection to the machine's own address
 reaches their servers with ``--network host`` and is refused without it.
 """
 
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from kerastower import launch, private_network
+from kerastower.workers import launch, private_network
 
 WORKER = Path(__file__).resolve().parents[1] / "workers" / "listening.py"
 

@@ -21,8 +21,8 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, TextIO
 
-from kerastower.heartbeats import describe
-from kerastower.private_network import PrivateNetwork
+from kerastower.workers.heartbeats import describe
+from kerastower.workers.private_network import PrivateNetwork
 
 _POLL_SECONDS = 0.05
 _POSIX = os.name == "posix"
@@ -148,8 +148,8 @@ class WorkerGroup:
 
         A `sidecar` (the evaluator) is told once every other process has
         exited with 0 (see `done_file`), and the group then waits for it.
-        The `heartbeat` file (`kerastower.heartbeats`) says what the process
-        was doing last when the group stops after a failure.
+        The `heartbeat` file (`kerastower.workers.heartbeats`) says what the
+        process was doing last when the group stops after a failure.
         """
         # Its own session: Ctrl-C at a terminal reaches the launcher only,
         # which gives the workers SIGTERM and time to save a checkpoint.

@@ -12,7 +12,7 @@ import re
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
-from kerastower.worker_configs import check_count, tf_config_for
+from kerastower.workers.configs import check_count, tf_config_for
 
 DEFAULT_PORT_BASE = 8888
 _MAX_PORT = 65535
@@ -45,7 +45,7 @@ def expand_hostlist(hostlist: str, name: str = "hostlist") -> list[str]:
     Example:
 
     ```python
-    from kerastower.slurm import expand_hostlist
+    from kerastower.workers.slurm import expand_hostlist
 
     print(expand_hostlist("node[01-03,7],gpu-a"))
     # ['node01', 'node02', 'node03', 'node7', 'gpu-a']
@@ -188,7 +188,7 @@ def slurm_task(
     Example:
 
     ```python
-    from kerastower.slurm import slurm_task
+    from kerastower.workers.slurm import slurm_task
 
     environ = {
         "SLURM_PROCID": "3",

@@ -88,11 +88,6 @@ def _attribute(obj, name: str, owner: str, fail=_fail):
     return value
 
 
-def _release(version: str) -> tuple[int, ...]:
-    """``"3.16.0.dev2025"`` -> ``(3, 16, 0)``."""
-    return installed.release(version, parts=3)
-
-
 def check_installed(keras_version: str, tensorflow_version: str) -> None:
     """Raises for a Keras or TensorFlow older than supported; warns if newer.
 
@@ -106,8 +101,8 @@ def check_installed(keras_version: str, tensorflow_version: str) -> None:
             of another TensorFlow release than the installed one, Keras 3
             older than 3.8, or a TensorFlow older than the family supports.
     """
-    keras_release = _release(keras_version)
-    tensorflow_release = _release(tensorflow_version)
+    keras_release = installed.release(keras_version, parts=3)
+    tensorflow_release = installed.release(tensorflow_version, parts=3)
     if keras_release[0] < 3:
         _check_keras_2(keras_version, tensorflow_version)
         return
@@ -142,8 +137,8 @@ def check_installed(keras_version: str, tensorflow_version: str) -> None:
 
 
 def _check_keras_2(keras_version: str, tensorflow_version: str) -> None:
-    keras_release = _release(keras_version)[:2]
-    tensorflow_release = _release(tensorflow_version)[:2]
+    keras_release = installed.release(keras_version, parts=3)[:2]
+    tensorflow_release = installed.release(tensorflow_version, parts=3)[:2]
     if keras_release < _KERAS_2_RANGE[0] or tensorflow_release < _TENSORFLOW_2_RANGE[0]:
         raise KerasCompatibilityError(
             f"kerastower supports Keras 2 {SUPPORTED_KERAS_2} with TensorFlow "
@@ -169,7 +164,7 @@ def _check_keras_2(keras_version: str, tensorflow_version: str) -> None:
 
 
 # The installed Keras as ``(major, minor)``, for what differs between releases.
-KERAS_MINOR = _release(KERAS_VERSION)[:2]
+KERAS_MINOR = installed.release(KERAS_VERSION, parts=3)[:2]
 
 
 def _check_this_process() -> None:

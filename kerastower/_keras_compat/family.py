@@ -32,8 +32,6 @@ import tensorflow as tf
 
 from kerastower import _installed_keras as installed
 
-_release = installed.release
-
 
 def _keras_in_use() -> ModuleType:
     if installed.uses_tf_keras(tf.__version__):
@@ -51,7 +49,7 @@ def _keras_in_use() -> ModuleType:
         if unsupported is None:
             raise
         raise unsupported from error
-    if _release(keras.__version__) < (3,):
+    if installed.release(keras.__version__) < (3,):
         # What `tf.keras` is, without its lazy loader.
         return importlib.import_module("keras.api._v2.keras")
     unsupported = _unsupported_backend()
@@ -81,7 +79,7 @@ keras = _keras_in_use()
 KERAS_VERSION: str = (
     getattr(keras, "__version__", None) or importlib.import_module("keras").__version__
 )
-KERAS_FAMILY: int = _release(KERAS_VERSION)[0]
+KERAS_FAMILY: int = installed.release(KERAS_VERSION)[0]
 # The distribution that holds it, as pip names it.
 KERAS_DISTRIBUTION = "tf_keras" if keras.__name__.startswith("tf_keras") else "keras"
 

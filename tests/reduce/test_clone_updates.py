@@ -74,9 +74,7 @@ class ScaledRate(keras.optimizers.schedules.LearningRateSchedule):
         return self.scale * 1.0
 
 
-def test_an_update_reading_other_variables_is_traced_per_tower(
-    monkeypatch, float64
-):
+def test_an_update_reading_other_variables_is_traced_per_tower(monkeypatch, float64):
     traced = clones_traced(monkeypatch)
     plain, towered = fit_twin(lambda: keras.optimizers.SGD(ScaledRate()))
     clones = towered._tower_step.replicas._clones

@@ -15,7 +15,7 @@ from kerastower._keras_compat import Functional, functional_init_arguments
 from kerastower._keras_compat.family import keras
 from kerastower.entry_points import EntryPoints
 from kerastower.reduce import replica_setting, workers
-from kerastower.reduce.accumulation import GradientAccumulator
+from kerastower.reduce.accumulation import GradientWindow
 from kerastower.reduce.replicas import Replicas
 from kerastower.reduce.ring import AllReduceOptions
 from kerastower.step import checks, custom_step, traced_towers
@@ -212,7 +212,7 @@ class TowerModel(EntryPoints, _keras_compat.TrainerHooks, keras.Model):
         return self._worker_strategy
 
     @property
-    def gradient_accumulator(self) -> GradientAccumulator | None:
+    def gradient_accumulator(self) -> GradientWindow | None:
         """The window of gradients training steps add to, instead of applying.
 
         ``None`` (the default) applies every step's gradients.
@@ -223,7 +223,7 @@ class TowerModel(EntryPoints, _keras_compat.TrainerHooks, keras.Model):
         return self._tower_step.accumulator
 
     @gradient_accumulator.setter
-    def gradient_accumulator(self, accumulator: GradientAccumulator | None) -> None:
+    def gradient_accumulator(self, accumulator: GradientWindow | None) -> None:
         self._tower_step.accumulator = accumulator
         self.make_train_function(force=True)
 
@@ -331,7 +331,7 @@ class TowerModel(EntryPoints, _keras_compat.TrainerHooks, keras.Model):
             RuntimeError: If called inside a `tf.distribute` strategy's scope
                 or replica function, such as inside `loss_fn`.
         """
-        return custom_step.tower_gradients(
+        return custom_step.own_step_gradients(
             self._tower_step, loss_fn, variables, tensors, has_aux=has_aux
         )
 

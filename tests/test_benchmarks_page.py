@@ -162,10 +162,12 @@ def test_first_step_figures_match_trace_json():
     _phrase(f"on the same devices ({against_stock} times)")
     _phrase(f"then takes {steady} times a `TowerModel`'s")
     machine = trace["meta"]["machine"]
+    from bench.trace import LOGICAL_DEVICES
+
     _phrase(
         f"Measured on the machine above, {trace['meta']['date'].split()[0]}, "
-        f"commit `{machine['git_commit'][:7]}`, 4 logical CPUs on "
-        f"{machine['cpu_count']} cores"
+        f"commit `{machine['git_commit'][:7]}`, {LOGICAL_DEVICES} logical CPUs "
+        f"on {machine['cpu_count']} cores"
     )
 
 

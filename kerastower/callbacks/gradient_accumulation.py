@@ -9,7 +9,7 @@ import tensorflow as tf
 from kerastower import _keras_compat
 from kerastower._keras_compat.family import keras
 from kerastower.reduce.accumulation import (
-    GradientAccumulator,
+    GradientWindow,
     steps_for_epoch,
     validate_steps,
 )
@@ -90,7 +90,7 @@ class GradientAccumulation(keras.callbacks.Callback):
                 f"Received: epoch_end={epoch_end!r}"
             )
         self.epoch_end = epoch_end
-        self._accumulator: GradientAccumulator | None = None
+        self._accumulator: GradientWindow | None = None
         self._apply_fn = None
         self._steps_per_epoch = None
 
@@ -102,7 +102,7 @@ class GradientAccumulation(keras.callbacks.Callback):
                 f"Received: model of type {type(model).__name__}"
             )
         _keras_compat.build_optimizer(model.optimizer, model.trainable_variables)
-        self._accumulator = GradientAccumulator(
+        self._accumulator = GradientWindow(
             model.trainable_variables, steps_for_epoch(self.schedule, 0)
         )
         model.gradient_accumulator = self._accumulator

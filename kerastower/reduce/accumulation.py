@@ -202,7 +202,7 @@ class Window:
             indices.assign(tf.zeros([0], tf.int64))
 
 
-class GradientAccumulator:
+class GradientWindow:
     """The window of the model's variables, its counters, and the replicas'.
 
     Memory: one extra copy of every trainable variable with dense gradients,

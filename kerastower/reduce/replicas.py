@@ -38,7 +38,7 @@ tower's device and sends its gradients back there, so that device moves about
    state)`` whenever ``w_i == w`` and ``state_i == state`` before the step.
    Under `kerastower.callbacks.GradientAccumulation` each tower adds its sum
    to a window of its own instead, on its device, and applies it when the
-   model's window is applied (`GradientAccumulator.attach`).
+   model's window is applied (`GradientWindow.attach`).
 
 A batch smaller than the number of towers runs whole on tower 0 (see
 `kerastower.step.tower_runs.TowerRuns.split_run`); the other towers then add
@@ -276,7 +276,7 @@ class Replicas:
             indices: Which replicated variables the gradients belong to.
             static_rows: Per gradient, `kerastower.reduce.gradients.sum_gradients`'s
                 ``static_rows`` for sparse ones (``None``: from the shapes).
-            accumulator: A `kerastower.reduce.accumulation.GradientAccumulator`
+            accumulator: A `kerastower.reduce.accumulation.GradientWindow`
                 attached to these replicas: each tower ``i >= 1`` then adds
                 its sum to its own window (of `batch_size` examples) instead
                 of applying it; the accumulator applies the windows.

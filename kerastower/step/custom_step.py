@@ -2,7 +2,7 @@
 
 `TowerModel.tower_gradients` (documented there) checks its arguments here
 and then runs one device's `tf.GradientTape` code, or the towers through
-`TowerStep.tower_gradients`, the routine of the built-in training step: the
+`TowerStep.split_gradients`, the routine of the built-in training step: the
 same splitting, loss weighting and sparse-exact gradient sum. With replicas
 (``replicate_variables``) the step's own optimizer updates the model's
 variables only: each call first copies them to the replicas the towers read
@@ -24,7 +24,7 @@ from kerastower._keras_compat import family
 from kerastower.reduce import workers
 
 
-def tower_gradients(
+def own_step_gradients(
     step,
     loss_fn: Callable[..., Any],
     variables: Sequence[Any],
@@ -58,7 +58,7 @@ def tower_gradients(
             # The step's optimizer updates the model's variables only.
             replicas.ensure(model.trainable_weights)
             replicas.broadcast()
-        gradients, loss, outputs, _ = step.tower_gradients(
+        gradients, loss, outputs, _ = step.split_gradients(
             tower_loss, variables, tensors, replicas=replicas, update_replicas=False
         )
         if replicas is None:

@@ -57,7 +57,7 @@ class TowerStep:
 
     Attributes:
         replicas: As given.
-        accumulator: The `kerastower.reduce.accumulation.GradientAccumulator`
+        accumulator: The `kerastower.reduce.accumulation.GradientWindow`
             that training steps add their gradients to instead of applying
             them, or ``None`` (set through
             `TowerModel.gradient_accumulator`).
@@ -68,7 +68,7 @@ class TowerStep:
         self.replicas = replicas
         self.accumulator = None
         # Which sparse gradients gather a fixed set of rows: found by
-        # `tower_gradients`, for the sum over the workers that follows it.
+        # `split_gradients`, for the sum over the workers that follows it.
         self.static_rows: set[int] = set()
         self.eager_static_rows = EagerStaticRows()
         self.loss = StepLoss(model)
@@ -115,7 +115,7 @@ class TowerStep:
                 replicas.ensure(trainable, model.optimizer)
                 if accumulator is not None:
                     accumulator.attach(replicas)
-            gradients, loss, y_pred, global_batch_size = self.tower_gradients(
+            gradients, loss, y_pred, global_batch_size = self.split_gradients(
                 loss_fn,
                 trainable,
                 (x, y, sample_weight),
@@ -220,7 +220,7 @@ class TowerStep:
             scaled = _keras_compat.loss_scaler(model.optimizer)(loss)
         return tape.gradient(scaled, trainable), loss, y_pred
 
-    def tower_gradients(
+    def split_gradients(
         self,
         loss_fn,
         variables,
@@ -239,7 +239,7 @@ class TowerStep:
         With `replicas` (a `kerastower.reduce.replicas.Replicas` of `variables`),
         each tower reads its replicas, and the replicas are updated with the
         all-reduced gradients, or add them to their windows of `accumulator`
-        (a `GradientAccumulator` attached to `replicas`), or, without
+        (a `GradientWindow` attached to `replicas`), or, without
         `update_replicas`, left as they are; the gradients returned are
         tower 0's.
         """

@@ -137,8 +137,8 @@ def check_installed(keras_version: str, tensorflow_version: str) -> None:
 
 
 def _check_keras_2(keras_version: str, tensorflow_version: str) -> None:
-    keras_release = installed.release(keras_version, parts=3)[:2]
-    tensorflow_release = installed.release(tensorflow_version, parts=3)[:2]
+    keras_release = installed.release(keras_version)
+    tensorflow_release = installed.release(tensorflow_version)
     if keras_release < _KERAS_2_RANGE[0] or tensorflow_release < _TENSORFLOW_2_RANGE[0]:
         raise KerasCompatibilityError(
             f"kerastower supports Keras 2 {SUPPORTED_KERAS_2} with TensorFlow "
@@ -164,7 +164,7 @@ def _check_keras_2(keras_version: str, tensorflow_version: str) -> None:
 
 
 # The installed Keras as ``(major, minor)``, for what differs between releases.
-KERAS_MINOR = installed.release(KERAS_VERSION, parts=3)[:2]
+KERAS_MINOR = installed.release(KERAS_VERSION)
 
 
 def _check_this_process() -> None:

@@ -144,6 +144,7 @@ class Replicas:
                         self._clones.append(
                             _keras_compat.clone_optimizer(optimizer, variables, copies)
                         )
+                self._updates = CloneUpdates(optimizer, self._clones, self._copies)
             self._key = key
             self.sync()
 
@@ -355,8 +356,6 @@ class Replicas:
         """
         if not indices:  # no variable is connected to the loss
             return
-        if self._updates is None:
-            self._updates = CloneUpdates(self._optimizer, self._clones, self._copies)
         with tf.device(self.devices[tower]):
             self._updates.apply(tower, gradients, indices)
 

@@ -32,17 +32,12 @@ class TowerRuns:
         model: The `kerastower.TowerModel`.
         loss: Its `kerastower.step.step_loss.StepLoss`.
         replicas: Its `kerastower.reduce.replicas.Replicas`, or ``None``.
-
-    Attributes:
-        step_total: The last traced step's examples on all workers, ``B``
-            (float32), set by `split_run` before the towers run.
     """
 
     def __init__(self, model, loss, replicas=None):
         self.model = model
         self.loss = loss
         self.replicas = replicas
-        self.step_total = None
 
     def split_run(
         self, tower_fn, combine, data, across_workers: bool = True, state=None
@@ -78,7 +73,6 @@ class TowerRuns:
         offset, total = tf.constant(0, tf.int32), tf.cast(batch, tf.float32)
         if num_workers > 1:
             offset, total = workers.batches_over_workers(model, batch)
-        self.step_total = total
         # Both branches number their cross-worker sums from one block of keys.
         block = (
             keys.StepBlock(per_call=model.global_batch_loss)

@@ -293,10 +293,8 @@ class TowerStep:
             )
         if replicas is not None:
             static = [static_rows[j] for j in connected]
-            if update_replicas:  # `step_total`: every worker's examples
-                grads = replicas.update(
-                    grads, connected, static, accumulator, self.step_total
-                )
+            if update_replicas:  # `total`: every worker's examples
+                grads = replicas.update(grads, connected, static, accumulator, total)
             else:
                 grads = replicas.reduce(
                     grads, [variables[j] for j in connected], static
@@ -316,8 +314,3 @@ class TowerStep:
     def split_run(self, tower_fn, combine, data, across_workers=True, state=None):
         """`TowerRuns.split_run` (`kerastower.step.tower_runs`)."""
         return self.runs.split_run(tower_fn, combine, data, across_workers, state)
-
-    @property
-    def step_total(self):
-        """The step's examples on all workers, ``B`` (float32)."""
-        return self.runs.step_total

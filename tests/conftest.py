@@ -74,27 +74,65 @@ CORE = (
 
 # The tests that signal processes of their own at a given step or bound their
 # time (a SIGTERM at step 3 that both workers must agree on, a collective
-# timeout, a dying worker found in bounded time): under pytest-xdist (``-n``,
+# timeout, a dying worker found in bounded time, a grace period), and those
+# that fill the disk the others write to: under pytest-xdist (``-n``,
 # pyproject.toml) each runs while no other test does, so that another test's
 # tracing on the same cores cannot move their moments. (Under load, two
 # workers once agreed on a preemption one step later.) Kills at random
 # instants and multi-worker training are checked by their results, not their
-# timing, and share the cores.
+# timing, and share the cores. Node-id prefixes.
 EXCLUSIVE = (
+    "tests/callbacks/test_backup_and_restore.py::test_sigterm_",
+    "tests/cli/test_launch_command.py::test_ctrl_c_",
+    "tests/cli/test_launch_command.py::test_workers_get_sigterm_",
+    "tests/cli/test_launch_command.py::test_signals_to_the_launcher_",
+    "tests/cli/test_launch_command.py::test_a_hung_worker_",
+    "tests/cli/test_launch_workers.py::test_a_worker_that_ignores_sigterm_",
+    "tests/cli/test_launch_workers.py::test_a_worker_that_ends_between_two_polls_",
+    "tests/cli/test_launch_workers.py::test_a_worker_killed_by_a_signal_",
+    "tests/cli/test_launch_workers.py::test_a_signal_to_the_launcher_",
+    "tests/test_multi_worker.py::test_a_dying_worker_",
+    "tests/test_multi_worker.py::test_a_later_timeout_",
+    "tests/test_reliability.py::",
+)
+
+
+# The longest files (``--durations``: 150-550 s of CPU each), handed out
+# first: pytest-xdist gives the workers whole files in collection order, and a
+# long file left for last would keep one worker busy while the other idles.
+LONGEST_FIRST = (
+    "tests/test_examples.py",
+    "tests/test_multi_worker_scripts.py",
     "tests/callbacks/test_backup_and_restore.py",
-    "tests/cli/test_launch_command.py",
-    "tests/cli/test_launch_workers.py",
-    "tests/test_multi_worker.py",
-    "tests/test_reliability.py",
+    "tests/properties/test_model_families.py",
+    "tests/callbacks/test_resume_reshaped.py",
 )
 
 
 def pytest_collection_modifyitems(config, items):
+    def rank(item):
+        file = item.nodeid.partition("::")[0]
+        ranked = file in LONGEST_FIRST
+        return LONGEST_FIRST.index(file) if ranked else len(LONGEST_FIRST)
+
+    items.sort(key=rank)
     for item in items:
         if item.nodeid.startswith(CORE):
             item.add_marker(pytest.mark.core)
         if item.nodeid.startswith(EXCLUSIVE):
             item.add_marker(pytest.mark.exclusive)
+    # A renamed test would silently share the cores: each prefix whose file
+    # was collected names a test.
+    ids = [item.nodeid for item in items]
+    files = {i.partition("::")[0] for i in ids}
+    stale = [
+        prefix
+        for prefix in EXCLUSIVE
+        if prefix.partition("::")[0] in files
+        and not any(i.startswith(prefix) for i in ids)
+    ]
+    if stale and not config.getoption("keyword") and not config.getoption("markexpr"):
+        raise pytest.UsageError(f"EXCLUSIVE names no test: {stale}")
 
 
 @pytest.fixture(autouse=True)

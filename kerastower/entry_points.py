@@ -14,7 +14,8 @@
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import tensorflow as tf
 
@@ -24,6 +25,9 @@ from kerastower.reduce.workers import BroadcastFromChief
 from kerastower.step import checks, coupled_loss
 from kerastower.workers import heartbeats
 
+if TYPE_CHECKING:
+    from kerastower.step.tower_step import TowerStep
+
 
 class EntryPoints:
     """`TowerModel`'s overrides of `keras.Model`'s entry points.
@@ -31,6 +35,10 @@ class EntryPoints:
     Mixed into `TowerModel` before `keras.Model`; reads the model's
     ``_tower_step``.
     """
+
+    # What the model that mixes this in provides (`TowerModel`).
+    _tower_step: TowerStep
+    _tower_train_step: Callable
 
     def _copy_to_replicas(self) -> None:
         replicas = self._tower_step.replicas

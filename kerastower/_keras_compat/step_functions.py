@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import re
 import warnings
+from collections.abc import Callable
 
 from kerastower._keras_compat import seeds, tower_calls, xla
 
@@ -24,6 +25,10 @@ class StepFunctionHooks:
     Both Keras families name them alike; the model decides through
     ``num_towers`` and ``_step_optimised_once(step)``.
     """
+
+    # What the model that mixes this in provides (`TowerModel`).
+    num_towers: int
+    _step_optimised_once: Callable[[str], bool]
 
     # With towers, XLA compiles each tower (`xla.compiled_in_towers`), not
     # the step that holds them all.

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import warnings
+from collections.abc import Callable
 
 import tensorflow as tf
 
@@ -198,6 +199,10 @@ class TrainerHooks(StepFunctionHooks):
     ``_builds_before_towers()`` say whether its steps run on several towers
     or workers.
     """
+
+    # What the model that mixes this in provides (`TowerModel`).
+    _builds_before_towers: Callable[[], bool]
+    _tower_train_step: Callable
 
     def _resolve_auto_jit_compile(self):
         if self.num_towers > 1:

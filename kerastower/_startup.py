@@ -3,29 +3,42 @@
 TensorFlow fixes its devices and its cluster when its runtime starts (the
 first op, variable or model), so `import kerastower` settles both first
 (`prepare_process`), once it has refused a ``$KERAS_BACKEND`` other than
-TensorFlow or JAX, and only where the environment asks:
+TensorFlow:
 
-- ``$KERASTOWER_LOGICAL_DEVICES`` logical CPUs, which
-  ``kerastower launch --towers`` sets for each worker
-  (`kerastower.devices.configure_from_environment`);
-- this process as a worker of the cluster that `TF_CONFIG` names, when it
-  names two or more training workers
-  (`kerastower.workers.multi_worker.prepare_workers`).
+- the logical CPUs that ``kerastower launch --towers`` asks for through
+  ``$KERASTOWER_LOGICAL_DEVICES`` (`kerastower.devices.configure_from_environment`);
+- this process as a worker of the cluster that `TF_CONFIG` names
+  (`kerastower.multi_worker.prepare_workers`).
 
-Without either variable, importing kerastower loads neither Keras nor
-TensorFlow: the package's public names are imported when first used
-(``kerastower/__init__.py``), so that the command line
-(``kerastower launch``, ``--help``) starts at once. The same holds for every
-program: what the import does depends on the environment only, never on
-which program imports it.
+The ``kerastower`` command line (`started_as_command`) gets neither: it sets up
+its devices from its own flags, never joins a cluster, and loads TensorFlow
+only for the subcommands that need it, so that ``kerastower launch`` and
+``--help`` start at once.
 """
 
 from __future__ import annotations
 
-import os
+import sys
 
-from kerastower.workers import cluster
-from kerastower.workers.configs import LOGICAL_DEVICES_VARIABLE
+COMMAND_MODULES = ("kerastower", "kerastower.cli")
+
+
+def started_as_command() -> bool:
+    """Whether this process is the ``kerastower`` command line.
+
+    That is the ``kerastower`` console script, or ``python -m kerastower``
+    (and ``python -m kerastower.cli``); not a program that imports kerastower.
+
+    Returns:
+        ``True`` in the command line's process, ``False`` elsewhere.
+    """
+    program = sys.argv[0].replace("\\", "/").rsplit("/", 1)[-1].lower()
+    if program in ("kerastower", "kerastower.exe", "kerastower-script.py"):
+        return True
+    argv = list(getattr(sys, "orig_argv", []))
+    if "-m" in argv[:-1]:
+        return argv[argv.index("-m") + 1] in COMMAND_MODULES
+    return False
 
 
 def on_jax() -> bool:
@@ -35,41 +48,27 @@ def on_jax() -> bool:
     return _installed_keras.backend() == _installed_keras.JAX_BACKEND
 
 
-def names_a_cluster() -> bool:
-    """Whether `TF_CONFIG` makes this process one of several training workers.
-
-    A malformed `TF_CONFIG` is not a cluster here: `worker_strategy` reports
-    it when the script asks for the cluster.
-    """
-    try:
-        return cluster.is_multi_worker()
-    except ValueError:
-        return False
-
-
 def prepare_process() -> None:
     """Configures devices and the cluster worker from the environment.
 
-    `kerastower/__init__.py` calls it first, once. TensorFlow is imported
-    only when ``$KERASTOWER_LOGICAL_DEVICES`` is set or `TF_CONFIG` names a
-    cluster (`names_a_cluster`).
+    `kerastower/__init__.py` calls it first, once; it does nothing in the
+    command line.
 
     Raises:
         ImportError: If ``$KERAS_BACKEND`` sets Keras 3 to a backend other
-            than TensorFlow or JAX.
+            than TensorFlow.
         ValueError: If ``$KERASTOWER_LOGICAL_DEVICES`` is not an integer >= 1.
     """
+    if started_as_command():
+        return
     from kerastower import _installed_keras
 
     # Before TensorFlow, whose import imports Keras on that backend.
     _installed_keras.check_backend_variable()
     if on_jax():
         return  # JAX's devices are its own (`kerastower.on_jax`)
-    if os.environ.get(LOGICAL_DEVICES_VARIABLE, "").strip():
-        from kerastower import devices
+    from kerastower import devices
+    from kerastower.workers import multi_worker
 
-        devices.configure_from_environment()
-    if names_a_cluster():
-        from kerastower.workers import multi_worker
-
-        multi_worker.prepare_workers()
+    devices.configure_from_environment()
+    multi_worker.prepare_workers()

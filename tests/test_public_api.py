@@ -37,9 +37,6 @@ def test_top_level_names():
     )
     for name in kerastower.__all__:
         assert hasattr(kerastower, name), name
-    # Each is imported on first use, from the module the package names.
-    lazy = sorted([*kerastower._TENSORFLOW_NAMES, "__version__"])
-    assert lazy == sorted(kerastower.__all__)
 
 
 def test_callback_names():

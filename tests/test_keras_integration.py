@@ -1,5 +1,10 @@
 """Saving, loading, stock callbacks and the constructor's contract."""
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import keras
 import numpy as np
 import pytest
@@ -27,6 +32,40 @@ def test_keras_file_round_trip_needs_no_custom_objects(tmp_path):
     model.fit(x, y, batch_size=5, epochs=1, verbose=0, shuffle=False)
     loaded.fit(x, y, batch_size=5, epochs=1, verbose=0, shuffle=False)
     assert_same_weights(model, loaded)
+
+
+_LOAD = """
+import kerastower
+import keras
+model = keras.models.load_model({path!r})
+print(type(model).__name__, model.num_towers)
+"""
+
+
+def test_import_kerastower_alone_lets_a_fresh_process_load_the_file(tmp_path):
+    # The guides' promise: `import kerastower` registers the classes, so a
+    # program that never names `TowerModel` loads a `.keras` file as one.
+    # (Importing the public names only on first use broke it.)
+    model = kerastower.TowerModel.from_model(mlp(), towers=2)
+    model.compile(optimizer="sgd", loss="mse")
+    path = tmp_path / "model.keras"
+    model.save(path)
+    root = Path(__file__).resolve().parents[1]
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", KERASTOWER_LOGICAL_DEVICES="2")
+    env.pop("TF_CONFIG", None)
+    env["PYTHONPATH"] = os.pathsep.join(
+        filter(None, [str(root), env.get("PYTHONPATH")])
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", _LOAD.format(path=str(path))],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env=env,
+        cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.split() == ["FunctionalTowerModel", "2"]
 
 
 def test_get_config_round_trip_keeps_towers_and_batch_norm_option():

@@ -11,8 +11,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from bench.traffic import (  # noqa: E402
-    MODELS,
+from bench.traffic_log import (  # noqa: E402
     parse_step,
     per_device,
     ring_bound,
@@ -20,6 +19,7 @@ from bench.traffic import (  # noqa: E402
     step_lines,
     summarize,
 )
+from bench.traffic_worker import MODELS  # noqa: E402
 
 JOB = "/job:localhost/replica:0/task:0/device:"
 PREFIX = "I0000 00:00:1795450078.232938   16079 "

@@ -5,13 +5,13 @@ an uninterrupted run) and exits non-zero when it does not match; here each
 runs in a fresh process, since each configures its own logical devices.
 """
 
-import os
 import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from processes import checkout_env
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"
@@ -67,11 +67,7 @@ INLINE_CODE_PAGES = {"benchmarks.md"}
 
 
 def run(args, timeout=300):
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
-    env["PYTHONPATH"] = os.pathsep.join(
-        filter(None, [str(ROOT), env.get("PYTHONPATH")])
-    )
-    env.pop("TF_CONFIG", None)
+    env = checkout_env(TF_CPP_MIN_LOG_LEVEL="2")
     result = subprocess.run(
         [sys.executable, *args],
         capture_output=True,

@@ -8,13 +8,13 @@ Keras reads its backend once per process.
 """
 
 import json
-import os
 import subprocess
 import sys
 import types
 from pathlib import Path
 
 import pytest
+from processes import checkout_env
 
 from kerastower import _installed_keras as installed
 from kerastower._keras_compat import family
@@ -27,12 +27,8 @@ SUPPORTED = (
 
 
 def _import_kerastower(tmp_path, **variables):
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", **variables)
-    env.pop("TF_CONFIG", None)
+    env = checkout_env(TF_CPP_MIN_LOG_LEVEL="3", **variables)
     env.setdefault("KERAS_HOME", str(tmp_path))  # not the user's keras.json
-    env["PYTHONPATH"] = os.pathsep.join(
-        filter(None, [str(ROOT), env.get("PYTHONPATH")])
-    )
     return subprocess.run(
         [sys.executable, "-c", "import kerastower"],
         capture_output=True,

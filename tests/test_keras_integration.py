@@ -1,14 +1,13 @@
 """Saving, loading, stock callbacks and the constructor's contract."""
 
-import os
 import subprocess
 import sys
-from pathlib import Path
 
 import keras
 import numpy as np
 import pytest
 from oracle import assert_same_history, assert_same_weights, mlp, regression_data, twin
+from processes import checkout_env
 
 import kerastower
 from kerastower.model import FunctionalTowerModel
@@ -50,12 +49,7 @@ def test_import_kerastower_alone_lets_a_fresh_process_load_the_file(tmp_path):
     model.compile(optimizer="sgd", loss="mse")
     path = tmp_path / "model.keras"
     model.save(path)
-    root = Path(__file__).resolve().parents[1]
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", KERASTOWER_LOGICAL_DEVICES="2")
-    env.pop("TF_CONFIG", None)
-    env["PYTHONPATH"] = os.pathsep.join(
-        filter(None, [str(root), env.get("PYTHONPATH")])
-    )
+    env = checkout_env(TF_CPP_MIN_LOG_LEVEL="3", KERASTOWER_LOGICAL_DEVICES="2")
     result = subprocess.run(
         [sys.executable, "-c", _LOAD.format(path=str(path))],
         capture_output=True,

@@ -1,7 +1,6 @@
 """The `kerastower` command: the README's demo and the device listing."""
 
 import argparse
-import os
 import re
 import subprocess
 import sys
@@ -9,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from processes import checkout_env
 
 from kerastower import _startup
 from kerastower.cli import command as cli
@@ -20,11 +20,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def run(*args, timeout=240):
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
-    env["PYTHONPATH"] = os.pathsep.join(
-        filter(None, [str(ROOT), env.get("PYTHONPATH")])
-    )
-    env.pop("TF_CONFIG", None)
+    env = checkout_env(TF_CPP_MIN_LOG_LEVEL="2")
     return subprocess.run(
         args, capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT
     )
@@ -123,12 +119,8 @@ def test_console_script_lists_the_devices():
 def test_the_command_starts_quietly_unless_verbose():
     # TensorFlow's C++ start-up lines (oneDNN, CPU features, absl) go to the
     # process's stderr at import; the command's first line is its own.
-    env = dict(os.environ)
+    env = checkout_env()
     env.pop("TF_CPP_MIN_LOG_LEVEL", None)
-    env.pop("TF_CONFIG", None)
-    env["PYTHONPATH"] = os.pathsep.join(
-        filter(None, [str(ROOT), env.get("PYTHONPATH")])
-    )
     command = [sys.executable, "-m", "kerastower", "devices"]
     quiet = subprocess.run(
         command, capture_output=True, text=True, timeout=240, env=env, cwd=ROOT

@@ -8,10 +8,13 @@ marked `keras3_only` or `keras2_only`.
 
 import pytest
 
-from kerastower import _keras_compat
 from kerastower._keras_compat.family import KERAS_FAMILY, KERAS_VERSION, keras
 
 KERAS_2 = KERAS_FAMILY == 2
+if KERAS_2:
+    from kerastower._keras_compat.keras2.layers import SPECTRAL_NORMALIZATION
+else:
+    from kerastower._keras_compat.keras3.layers import SPECTRAL_NORMALIZATION
 # The installed Keras as ``(major, minor)``, for what differs between releases.
 KERAS_MINOR = tuple(int(part) for part in KERAS_VERSION.split(".")[:2])
 
@@ -23,7 +26,7 @@ keras2_only = pytest.mark.skipif(not KERAS_2, reason="Keras 2 only")
 # `tf_keras` 2.18 cannot be traced: a `fit` fails on it, on one device too.
 # kerastower updates the ones that trace (`SPECTRAL_NORMALIZATION`).
 spectral_normalization = pytest.mark.skipif(
-    not _keras_compat.SPECTRAL_NORMALIZATION,
+    not SPECTRAL_NORMALIZATION,
     reason=f"Keras {KERAS_VERSION} has no SpectralNormalization that traces",
 )
 

@@ -140,7 +140,7 @@ def test_a_newer_keras_or_tensorflow_than_tested_warns():
 def test_a_removed_tensorflow_hook_is_an_error_naming_it(monkeypatch):
     from tensorflow.python.eager import context
 
-    from kerastower._keras_compat import collectives
+    from kerastower._keras_compat.tensorflow import collectives
 
     monkeypatch.delattr(type(context.context()), "ensure_initialized")
     ctx = context.context()

@@ -282,8 +282,10 @@ def test_a_changed_keras_reduction_is_an_error_not_a_model(monkeypatch):
         value = real(values, sample_weight, mask, reduction, dtype)
         return value if reduction == "sum" else value * 2.0
 
+    from kerastower._keras_compat.keras3 import losses
+
     monkeypatch.setattr(loss_module, "reduce_weighted_values", changed)
-    _keras_compat.check_reductions.cache_clear()
+    losses.check_reductions.cache_clear()
     try:
         x, y = padded_sequences(RNG, 6)
         model = kerastower.TowerModel.from_model(tagger()(), towers=2)
@@ -296,16 +298,18 @@ def test_a_changed_keras_reduction_is_an_error_not_a_model(monkeypatch):
             model.fit(x, y, batch_size=6, verbose=0)
     finally:
         monkeypatch.undo()
-        _keras_compat.check_reductions.cache_clear()
+        losses.check_reductions.cache_clear()
 
 
 @keras3_only
 def test_missing_keras_hook_is_an_error(monkeypatch):
     from keras.src.losses import loss as loss_module
 
+    from kerastower._keras_compat.keras3 import losses
+
     monkeypatch.delattr(loss_module, "apply_mask")
     with pytest.raises(_keras_compat.KerasCompatibilityError, match="apply_mask"):
-        _keras_compat._loss_module()
+        losses._loss_module()
 
 
 class PenaltyLayer(keras.layers.Layer):

@@ -98,6 +98,16 @@ def describe() -> str:
 Variable: type = keras.Variable if KERAS_FAMILY >= 3 else tf.Variable
 
 
+def is_variable(value) -> bool:
+    """Whether `value` is a variable of the Keras in use or of TensorFlow."""
+    return isinstance(value, (Variable, tf.Variable))
+
+
+def is_keras_class(cls: type) -> bool:
+    """Whether `cls` is defined by the Keras in use (its distribution)."""
+    return cls.__module__.startswith(f"{KERAS_DISTRIBUTION}.")
+
+
 def new_variable(value, dtype, name: str, trainable: bool = True):
     """A variable of the Keras in use, holding `value`."""
     return Variable(value, dtype=dtype, trainable=trainable, name=name)

@@ -2,7 +2,7 @@
 
 Keras makes one function per step kind (``make_train_function``, ...) and
 traces the step in it. With towers, XLA compiles each tower instead of the
-whole step (`kerastower._keras_compat.xla`), and a step that calls its towers
+whole step (`kerastower._keras_compat.tensorflow.xla`), and a step that calls its towers
 traced once gets one round of Grappler (`tower_calls.OptimisedOnce`). A step
 traces the model once per tower: `warn_once` keeps its warnings to one each.
 Keras's global seed generator is prepared for the towers before the step
@@ -16,7 +16,8 @@ import re
 import warnings
 from collections.abc import Callable
 
-from kerastower._keras_compat import seeds, tower_calls, xla
+from kerastower._keras_compat import seeds
+from kerastower._keras_compat.tensorflow import tower_calls, xla
 
 
 class StepFunctionHooks:

@@ -239,8 +239,8 @@ class BackupAndRestore(keras.callbacks.Callback):
         if state is None or state["epoch"] != epoch:
             return
         self._saved_step = self._skipped = state["step"]
-        built = _keras_compat.METRICS_BUILT_BEFORE_FIT
-        if self._metric_variables() or not state["metrics"] or built:
+        unmade = _keras_compat.metrics_made_in_first_step()
+        if self._metric_variables() or not state["metrics"] or not unmade:
             self._restore(state)
             self._skip(state["step"])
         elif state["step"] == 0:  # nothing counted yet: nothing to restore

@@ -290,7 +290,7 @@ class BatchScaling(keras.callbacks.Callback):
             # A step traced by an earlier `fit` would keep calling the old schedule.
             self.model.make_train_function(force=True)
             return scaled.factor
-        if callable(current) and not isinstance(current, family.Variable):
+        if callable(current) and not family.is_variable(current):
             raise ValueError(
                 "`BatchScaling` supports a float learning rate or a "
                 "keras.optimizers.schedules.LearningRateSchedule. "

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from kerastower._keras_compat.family import KERAS_FAMILY, keras
+from kerastower import _keras_compat
+from kerastower._keras_compat.family import keras
 from kerastower.callbacks.tower_monitor import TowerMonitor
 from kerastower.cli.digits import convnet, load_digits
 from kerastower.model import TowerModel
@@ -25,7 +26,7 @@ __all__ = ["DemoResult", "build_convnet", "format_report", "load_digits", "run"]
 
 
 # Keras 2's `BatchNormalization` takes `fused`; Keras 3's has no fused kernel.
-_UNFUSED = {"fused": False} if KERAS_FAMILY == 2 else {}
+_UNFUSED = _keras_compat.unfused_batch_norm()
 
 
 def build_convnet(seed: int = 0) -> keras.Model:

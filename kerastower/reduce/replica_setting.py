@@ -110,11 +110,12 @@ def replicates(
     setting = check_setting(setting)
     if num_workers == 1 and len(devices) < 2:
         return False
-    if not _keras_compat.SUPPORTS_REPLICAS:
+    refused = _keras_compat.why_no_replicas()
+    if refused is not None:
         if setting is True:
             raise ValueError(
-                "`replicate_variables=True` needs Keras 3: on Keras 2, towers "
-                "read the model's variables. Received: replicate_variables=True"
+                f"`replicate_variables=True` needs Keras 3: {refused}. "
+                "Received: replicate_variables=True"
             )
         return False
     if setting != "auto":

@@ -13,7 +13,7 @@ from typing import Any
 import tensorflow as tf
 
 from kerastower import _keras_compat
-from kerastower._keras_compat.family import KERAS_DISTRIBUTION, keras
+from kerastower._keras_compat.family import keras
 
 
 def check_no_strategy_scope() -> None:
@@ -278,8 +278,7 @@ def check_no_step_overrides(model: Any, target: type) -> None:
     own = [
         f"{cls.__name__}.{name}"
         for cls in type(model).__mro__
-        if not cls.__module__.startswith(f"{KERAS_DISTRIBUTION}.")
-        and cls not in target.__mro__
+        if not _keras_compat.is_keras_class(cls) and cls not in target.__mro__
         for name in STEP_METHODS
         if name in vars(cls)
     ]

@@ -29,7 +29,8 @@ from typing import Any
 
 import tensorflow as tf
 
-from kerastower._keras_compat.family import KERAS_FAMILY, keras
+from kerastower import _keras_compat
+from kerastower._keras_compat.family import keras
 from kerastower.step.shards import split_nest, tensor_split_sizes
 
 # Marks the error raised inside the step, turned into a `ValueError` by
@@ -68,8 +69,7 @@ class CoupledLossCheck:
         """Whether this model's steps are checked."""
         model = self.model
         return (
-            KERAS_FAMILY >= 3
-            and model.num_towers > 1
+            model.num_towers > 1
             and model.num_workers == 1
             and not model.global_batch_loss
             and type(model).compute_loss is keras.Model.compute_loss
@@ -111,7 +111,7 @@ class CoupledLossCheck:
 
 
 def _compiled_losses(model: keras.Model) -> Any:
-    return getattr(model, "loss", None)
+    return _keras_compat.compiled_loss(model)
 
 
 def _pairs(losses: Any, y: Any, y_pred: Any) -> list[tuple]:

@@ -127,9 +127,7 @@ def _check_context() -> None:
 
 
 def _check_variables(variables) -> list:
-    if isinstance(variables, (family.Variable, tf.Variable)) or not isinstance(
-        variables, Sequence
-    ):
+    if family.is_variable(variables) or not isinstance(variables, Sequence):
         raise ValueError(
             "`variables` must be a list of variables, such as "
             "`self.trainable_weights`. Received: "
@@ -137,7 +135,7 @@ def _check_variables(variables) -> list:
         )
     variables = list(variables)
     for variable in variables:
-        if not isinstance(variable, (family.Variable, tf.Variable)):
+        if not family.is_variable(variable):
             raise ValueError(
                 "`variables` must be a list of variables, such as "
                 "`self.trainable_weights`. Received: a "

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -51,7 +52,7 @@ def spectral_normalizations(model: keras.Model) -> list:
     return [
         layer
         for layer in _keras_compat.inner_layers(model)
-        if isinstance(layer, _keras_compat.SPECTRAL_NORMALIZATION)
+        if _keras_compat.is_spectral_normalization(layer)
     ]
 
 
@@ -63,8 +64,12 @@ def _own_updates(model: keras.Model) -> set[int]:
     first replica's, as documented) and `SpectralNormalization`'s state.
     """
     layers = _keras_compat.inner_layers(model)
-    kinds = (keras.layers.BatchNormalization, *_keras_compat.SPECTRAL_NORMALIZATION)
-    owners = [layer for layer in layers if isinstance(layer, kinds)]
+    owners = [
+        layer
+        for layer in layers
+        if isinstance(layer, keras.layers.BatchNormalization)
+        or _keras_compat.is_spectral_normalization(layer)
+    ]
     return {id(v) for layer in owners for v in layer.weights}
 
 
@@ -146,20 +151,13 @@ def step_state(
 
 @contextlib.contextmanager
 def _states(model, layers, global_seeds) -> Iterator[StepState]:
-    if _keras_compat.RECORDS_ASSIGNMENTS:
-        weights = {id(v) for v in model.non_trainable_weights}
-        state = StepState(
-            [(v, tf.convert_to_tensor(v.value)) for v in model.non_trainable_weights],
-            [
-                (v, tf.convert_to_tensor(v.value))
-                for v in model.metrics_variables
-                if id(v) not in weights
-            ],
-            seeds=_seed_variables(model) + global_seeds.variables,
-            global_seeds=global_seeds,
-        )
-    else:  # Keras 2: nothing is held
-        state = StepState([])
+    weights, metrics, seeds = _keras_compat.held_before_towers(model)
+    state = StepState(
+        [(v, family.value_of(v)) for v in weights],
+        [(v, family.value_of(v)) for v in metrics],
+        seeds=seeds + global_seeds.variables,
+        global_seeds=global_seeds,
+    )
     try:
         for layer in layers:
             _keras_compat.freeze_spectral_update(layer)
@@ -220,19 +218,6 @@ def _reads(model, variables, state, replicas, tower) -> Iterator[list]:
         return
     if traced is not None and replicas is not None and state.replica_values is None:
         raise RuntimeError("A tower traced once with replicas needs their values.")
-    if not _keras_compat.RECORDS_ASSIGNMENTS:  # Keras 2: nothing is held
-        # A metric's updates are summed over the towers (`_keras_compat.
-        # scalar_means_weighted`); Keras 2 lists the variables of a metric
-        # the model holds (a `Mean` that `compute_loss` updates) in `weights`.
-        own = _own_updates(model)
-        metrics = [m for m in model.metrics if isinstance(m, keras.metrics.Metric)]
-        own.update(id(v) for metric in metrics for v in metric.variables)
-        weights = [v for v in model.weights if id(v) not in own]
-        with _keras_compat.assignments_to(weights) as assigned:
-            yield list(variables)
-        if assigned:
-            checks.refuse_assigned_weights(model, [v.name for v in assigned])
-        return
 
     def reads(variables):
         if replicas is None:
@@ -242,27 +227,26 @@ def _reads(model, variables, state, replicas, tower) -> Iterator[list]:
         return replicas.copies(variables, tower)
 
     read = reads(variables)
-    mapping = list(zip(variables, read))
     mapped = {id(v) for v in variables}
-    others = [v for v in model.trainable_weights if id(v) not in mapped]
-    mapping += list(zip(others, reads(others)))
-    mapping += [
-        (v, value) for v, value in state.values + state.metrics if id(v) not in mapped
-    ]
-    mapping += _seed_states(state, traced if traced is not None else tower)
-    mapped.update(id(v) for v, _ in mapping)
-    mapping = [
-        (
-            v,
-            tf.convert_to_tensor(
-                value.value if isinstance(value, family.Variable) else value
-            ),
-        )
-        for v, value in mapping
-    ]
-    scope = _keras_compat.RecordingScope(mapping)
-    with scope:
+
+    def mapping() -> list:
+        pairs = list(zip(variables, read))
+        others = [v for v in model.trainable_weights if id(v) not in mapped]
+        pairs += list(zip(others, reads(others)))
+        pairs += [
+            (v, value)
+            for v, value in state.values + state.metrics
+            if id(v) not in mapped
+        ]
+        pairs += _seed_states(state, traced if traced is not None else tower)
+        mapped.update(id(v) for v, _ in pairs)
+        return [(v, family.value_of(value)) for v, value in pairs]
+
+    guarded = functools.partial(_guarded_weights, model)
+    with _keras_compat.tower_assignments(mapping, guarded) as scope:
         yield read
+    if scope.refused:
+        checks.refuse_assigned_weights(model, [v.name for v in scope.refused])
     updated = list({id(v): v for v in scope.updated}.values())
     if traced is not None:
         state.traced.append((updated, [scope.get_current_value(v) for v in updated]))
@@ -285,14 +269,16 @@ def _seed_states(state: StepState, tower) -> list:
     return mapping
 
 
-def _seed_variables(model) -> list:
-    """The layers' seed-generator states: variables not weights or metrics."""
-    known = {id(v) for v in model.weights + model.metrics_variables}
-    return [
-        v
-        for v in model.non_trainable_variables
-        if id(v) not in known and tuple(v.shape) == (2,) and "int" in v.dtype
-    ]
+def _guarded_weights(model) -> list:
+    """The weights that a tower after the first must not assign where its
+    assignments cannot be held (Keras 2): all but those updated once per
+    step (`_own_updates`) and its metrics' (summed over the towers,
+    `kerastower._keras_compat.scalar_means_weighted`; Keras 2 lists a metric
+    the model holds, a `Mean` that `compute_loss` updates, in `weights`)."""
+    own = _own_updates(model)
+    metrics = [m for m in model.metrics if isinstance(m, keras.metrics.Metric)]
+    own.update(id(v) for metric in metrics for v in metric.variables)
+    return [v for v in model.weights if id(v) not in own]
 
 
 def apply_traced(model: keras.Model, state: StepState, per_tower: Sequence) -> None:

@@ -184,10 +184,7 @@ class StepLoss:
             )
         else:
             values = workers.sum_over_workers(self.model, per_output)
-        if _keras_compat.LOSS_TRACKED_BY_CONTAINER and values:
-            *values, total = values
-            tracker = _keras_compat.loss_tracker(self.model)
-            tracker.update_state(total, sample_weight=batch_dim)
+        values = _keras_compat.track_compiled_loss(self.model, values, batch_dim)
         # No `strict`: TensorFlow 2.12's autograph converts `zip` without it.
         for metric, value in zip(metrics, values):
             metric.update_state(value, sample_weight=batch_dim)

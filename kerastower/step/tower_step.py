@@ -148,9 +148,7 @@ class TowerStep:
 
         def update_metrics():
             # Keras 2's compiled loss updates ``loss`` itself (`StepLoss`).
-            if not _keras_compat.LOSS_TRACKED_BY_CONTAINER:
-                tracker = _keras_compat.loss_tracker(model)
-                tracker.update_state(loss, sample_weight=batch_size)
+            _keras_compat.track_step_loss(model, loss, batch_size)
             return model.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
 
         return workers.metric_results_over_workers(self.model, update_metrics)
@@ -182,9 +180,8 @@ class TowerStep:
         self.loss.update_metrics(per_output, y_pred)
 
         def update_metrics():
-            if not _keras_compat.LOSS_TRACKED_BY_CONTAINER:
-                tracker = _keras_compat.loss_tracker(model)
-                tracker.update_state(loss, sample_weight=tf.shape(first_leaf(x))[0])
+            batch_size = tf.shape(first_leaf(x))[0]
+            _keras_compat.track_step_loss(model, loss, batch_size)
             return model.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
 
         return workers.metric_results_over_workers(self.model, update_metrics)

@@ -34,11 +34,11 @@ the first tower's sum would wait forever for the others. The calls are
 taken out of that order (`kerastower._keras_compat.run_independently`) and
 skip the graph optimiser (`calls_without_graph_optimizer`): it would run
 once per device on the same function. The step around them gets one round
-of Grappler instead of two (`TowerModel` makes Keras's step functions so,
-`kerastower._keras_compat.tower_calls.OptimisedOnce`): the second round changed
-nothing and instantiated the tower function again for every call it might
-inline. Turned off for the step, Grappler would save more of the first
-step, but a fit's steps took up to 17% longer.
+of Grappler instead of two (`TowerModel` makes Keras's step functions so:
+`kerastower._keras_compat.tensorflow.tower_calls.OptimisedOnce`): the second
+round changed nothing and instantiated the tower function again for every
+call it might inline. Turned off for the step, Grappler would save more of
+the first step, but a fit's steps took up to 17% longer.
 """
 
 from __future__ import annotations
@@ -66,7 +66,7 @@ def applies(model) -> bool:
     does TensorFlow 2.12, whose functions cannot be kept from inlining.
     """
     return (
-        _keras_compat.NOINLINE_FUNCTIONS
+        _keras_compat.keeps_functions_apart()
         and model.num_towers > 1
         and model.num_workers == 1
         and not model.jit_compile

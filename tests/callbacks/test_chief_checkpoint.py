@@ -79,7 +79,7 @@ def test_the_keras_3_9_save_best_only_decision_writes_what_keras_writes(
 ):
     # Keras 3.8 and 3.9 have no `_should_save_model`; the fallback decides as
     # they do, which for a monitor that is logged is what newer Keras decides.
-    from kerastower._keras_compat import callbacks as compat_callbacks
+    from kerastower._keras_compat.keras3 import callbacks as compat_callbacks
 
     monkeypatch.setattr(compat_callbacks, "_HAS_SHOULD_SAVE", False)
     monkeypatch.setattr(
@@ -93,7 +93,7 @@ def test_the_keras_3_9_save_best_only_decision_writes_what_keras_writes(
 
 @keras3_only
 def test_a_missing_monitor_skips_the_save_as_keras_3_9_does(tmp_path, monkeypatch):
-    from kerastower._keras_compat import callbacks as compat_callbacks
+    from kerastower._keras_compat.keras3 import callbacks as compat_callbacks
 
     monkeypatch.setattr(compat_callbacks, "_HAS_SHOULD_SAVE", False)
     path = tmp_path / "best.keras"

@@ -1,7 +1,7 @@
 """Replicas update as the model's optimizer does, whatever it holds.
 
 `replicate_variables=True` gives every tower ``i >= 1`` a clone of the
-optimizer (`kerastower._keras_compat.optimizers.clone_optimizer`). Each case
+optimizer (`kerastower._keras_compat.keras3.optimizers.clone_optimizer`). Each case
 here once trained differently from one device or failed to build: AdamW's
 exclusions were lost (1.3e-3 off), a schedule without `get_config` or not
 registered failed to clone, and the replicas carried no constraint (0.37 off

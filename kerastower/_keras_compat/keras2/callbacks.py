@@ -1,6 +1,6 @@
 """Keras 2 callback and optimizer internals used by kerastower.
 
-The Keras 3 counterparts are in `kerastower._keras_compat.callbacks`. Keras 2
+The Keras 3 counterparts are in `kerastower._keras_compat.keras3.callbacks`. Keras 2
 decides whether to save inside ``ModelCheckpoint._save_model`` (`should_save`
 is that decision), and starts `fit` at the epoch that
 ``Model._maybe_load_initial_counters_from_ckpt`` returns after
@@ -17,6 +17,18 @@ import tensorflow as tf
 from kerastower._keras_compat.checkpoints import CheckpointRouting
 from kerastower._keras_compat.errors import _attribute, check_method
 from kerastower._keras_compat.keras2.internals import internal
+
+# The family's interface: the Keras 2 and Keras 3 modules export the same names.
+__all__ = [
+    "CheckpointHooks",
+    "check_execution_steps",
+    "is_remote_path",
+    "keras_files_hold_optimizer",
+    "learning_rate_slot",
+    "print_msg",
+    "set_initial_epoch",
+    "steps_per_execution",
+]
 
 _io_utils = internal("utils.io_utils", "print_msg")
 _saving_lib = internal("saving.saving_lib", "saving_v3_enabled")

@@ -1,7 +1,7 @@
 """Keras 2 layer state in towers: what a tower's forward pass assigns.
 
 Keras 3 runs the towers after the first inside a `keras.StatelessScope`
-that holds their assignments (`kerastower._keras_compat.layers`). Keras 2
+that holds their assignments (`kerastower._keras_compat.keras3.layers`). Keras 2
 layers assign TensorFlow variables directly and have no such scope: here a
 tower reads and assigns the model's variables as they are, so only models
 whose forward pass assigns no weight train exactly on towers. Keras 2's
@@ -16,7 +16,7 @@ divides it by the batch size).
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import tensorflow as tf
 
@@ -27,6 +27,21 @@ from kerastower._keras_compat.errors import (
     check_method,
 )
 from kerastower._keras_compat.family import keras
+
+# The family's interface: the Keras 2 and Keras 3 modules export the same names.
+__all__ = [
+    "activity_penalties_summed",
+    "draws_per_traced_op",
+    "freeze_spectral_update",
+    "held_before_towers",
+    "is_spectral_normalization",
+    "override_batch_norm_moments",
+    "restore_batch_norm",
+    "restore_spectral_update",
+    "spectral_update",
+    "tower_assignments",
+    "unfused_batch_norm",
+]
 
 # `tf_keras` 2.19 and newer, whose `SpectralNormalization` returns the new
 # values from ``normalize_weights()`` (and ``_update_weights()`` assigns
@@ -39,9 +54,59 @@ SPECTRAL_NORMALIZATION: tuple = (
 )
 
 
-# Keras 2 has no scope that holds a tower's assignments (Keras 3's
-# `StatelessScope`): every tower reads and assigns the model's variables.
-RECORDS_ASSIGNMENTS = False
+def is_spectral_normalization(layer) -> bool:
+    """Whether `layer` is a `SpectralNormalization` whose training call
+    assigns its normalised kernel (see `SPECTRAL_NORMALIZATION`)."""
+    return isinstance(layer, SPECTRAL_NORMALIZATION)
+
+
+def unfused_batch_norm() -> dict:
+    """`BatchNormalization`'s arguments for its unfused kernel."""
+    return {"fused": False}
+
+
+def held_before_towers(model) -> tuple[list, list, list]:
+    """Nothing: Keras 2 has no scope that holds a tower's assignments (Keras
+    3's `StatelessScope`), every tower reads and assigns the model's
+    variables (`tower_assignments`)."""
+    del model
+    return [], [], []
+
+
+class _Assignments:
+    """A Keras 2 tower's assignments: none held (``updated``); those to the
+    guarded weights, listed in ``refused``."""
+
+    def __init__(self, refused: list):
+        self.updated: list = []
+        self.refused = refused
+
+    def get_current_value(self, variable):
+        raise ValueError(f"Keras 2 holds no assignment. Received: {variable!r}")
+
+
+@contextlib.contextmanager
+def tower_assignments(
+    mapping: Callable[[], list], guarded: Callable[[], list]
+) -> Iterator[_Assignments]:
+    """Lists the assignments of a tower after the first to guarded weights.
+
+    Keras 2 cannot hold them: the tower reads and assigns the model's
+    variables, and its assignments to the weights `guarded` returns are
+    listed (`assignments_to`) for the caller to refuse.
+
+    Args:
+        mapping: Unused: the tower reads the model's variables.
+        guarded: Returns the weights a tower after the first must not assign.
+
+    Yields:
+        Its ``refused`` lists, once the block exits, the guarded weights the
+        block assigned; ``updated`` is empty.
+    """
+    del mapping
+    with assignments_to(guarded()) as assigned:
+        held = _Assignments(assigned)
+        yield held
 
 
 @contextlib.contextmanager
@@ -76,7 +141,7 @@ def _outermost(tensor, maps: dict):
 def assignments_to(variables) -> Iterator[list]:
     """Lists the `variables` that the ops traced in the block assign.
 
-    Keras 2 holds no tower's assignments (`RECORDS_ASSIGNMENTS`): a tower
+    Keras 2 holds no tower's assignments (`tower_assignments`): a tower
     after the first that assigns one of the model's weights makes the
     assignment again. The ops the block adds to the function being traced are
     read for assignments (``AssignVariableOp``, its add and sub forms and the

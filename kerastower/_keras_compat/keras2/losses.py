@@ -6,7 +6,7 @@ per-element losses by their number, except where a mask is present: the
 mask of the predictions (a masked sequence) and the mask the per-element
 losses carry (``ignore_class``), both ANDed, when it divides by the number
 of valid elements (``losses_utils.apply_valid_mask``). The Keras 3
-counterparts are in `kerastower._keras_compat.losses`.
+counterparts are in `kerastower._keras_compat.keras3.losses`.
 """
 
 from __future__ import annotations
@@ -16,6 +16,13 @@ import tensorflow as tf
 from kerastower._keras_compat.errors import _fail
 from kerastower._keras_compat.family import keras
 from kerastower._keras_compat.keras2.internals import internal
+
+# The family's interface: the Keras 2 and Keras 3 modules export the same names.
+__all__ = [
+    "get_keras_mask",
+    "loss_divisor",
+    "set_keras_mask",
+]
 
 _losses_utils = internal("utils.losses_utils", "apply_valid_mask", "get_mask")
 

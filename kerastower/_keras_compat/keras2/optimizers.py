@@ -1,6 +1,6 @@
 """An optimizer's copy for each tower's replicas: not ported to Keras 2 yet.
 
-The Keras 3 implementation is `kerastower._keras_compat.optimizers`.
+The Keras 3 implementation is `kerastower._keras_compat.keras3.optimizers`.
 """
 
 from __future__ import annotations
@@ -8,8 +8,17 @@ from __future__ import annotations
 from kerastower._keras_compat.errors import KerasCompatibilityError
 from kerastower._keras_compat.family import describe
 
-# A tower cannot read copies of the layers' variables in Keras 2.
-SUPPORTS_REPLICAS = False
+# The family's interface: the Keras 2 and Keras 3 modules export the same names.
+__all__ = [
+    "build_optimizer",
+    "clone_optimizer",
+    "why_no_replicas",
+]
+
+
+def why_no_replicas() -> str | None:
+    """Why towers cannot train on replicas of the variables."""
+    return "on Keras 2, towers read the model's variables"
 
 
 def build_optimizer(optimizer, variables) -> None:

@@ -1,6 +1,6 @@
 """Keras 2 model and trainer internals that `TowerModel` hooks into.
 
-The Keras 3 counterparts are in `kerastower._keras_compat.trainer`. Keras 2
+The Keras 3 counterparts are in `kerastower._keras_compat.keras3.trainer`. Keras 2
 computes the compiled loss in ``model.compiled_loss`` (a ``LossesContainer``),
 which also updates the ``loss`` metric and, for several outputs, one loss
 metric per output; it builds them, and a subclassed model's weights, the
@@ -18,6 +18,30 @@ from kerastower._keras_compat.errors import _attribute, _fail, check_callables
 from kerastower._keras_compat.family import keras
 from kerastower._keras_compat.keras2.internals import internal
 from kerastower._keras_compat.step_functions import StepFunctionHooks
+
+# The family's interface: the Keras 2 and Keras 3 modules export the same names.
+__all__ = [
+    "Functional",
+    "TrainerHooks",
+    "build_before_towers",
+    "build_metrics",
+    "compiled_loss",
+    "compiled_losses_replaced",
+    "compute_loss",
+    "forward",
+    "functional_init_arguments",
+    "graph_of",
+    "init_functional",
+    "inner_layers",
+    "loss_metric_weight",
+    "loss_scaler",
+    "metrics_made_in_first_step",
+    "per_output_loss_metrics",
+    "register_alias",
+    "register_serializable",
+    "track_compiled_loss",
+    "track_step_loss",
+]
 
 _functional = internal(
     "engine.functional",
@@ -228,7 +252,7 @@ def compiled_losses_replaced(model, wrap, metric_stand_in):
     Keras 2 updates its ``loss`` metric inside the compiled loss, with the
     compiled losses and regularization only (not what a `compute_loss` of
     the user's adds): each tower's value is recorded, and the step updates
-    the metric once, with the global value (`LOSS_TRACKED_BY_CONTAINER`).
+    the metric once, with the global value (`track_compiled_loss`).
 
     Yields:
         ``(loss_weights, has_metrics, totals)``: the weights of the compiled
@@ -275,12 +299,33 @@ def compiled_losses_replaced(model, wrap, metric_stand_in):
         container._total_loss_mean = total
 
 
-# Keras 2 builds a model's compiled metrics in its first step.
-METRICS_BUILT_BEFORE_FIT = False
+def metrics_made_in_first_step() -> bool:
+    """Whether `fit` makes a model's compiled metrics in its first step:
+    Keras 2 does."""
+    return True
 
-# Keras 2's ``loss`` metric is its compiled loss's, updated by
-# `kerastower.step.step_loss.StepLoss.update_metrics`.
-LOSS_TRACKED_BY_CONTAINER = True
+
+def track_step_loss(model, loss, batch_size) -> None:
+    """Nothing: Keras 2's ``loss`` metric is its compiled loss's
+    (`track_compiled_loss`)."""
+    del model, loss, batch_size
+
+
+def track_compiled_loss(model, values: list, batch_size) -> list:
+    """The per-output values of a step's compiled loss, whose last value,
+    the whole compiled loss, updates the model's ``loss`` metric, weighted
+    by `batch_size`."""
+    if not values:
+        return values
+    *values, total = values
+    loss_tracker(model).update_state(total, sample_weight=batch_size)
+    return values
+
+
+def compiled_loss(model) -> None:
+    """Nothing to check for coupling the examples: Keras 2's steps are not
+    checked (`kerastower.step.coupled_loss`)."""
+    del model
 
 
 def loss_metric_weight(outputs) -> tf.Tensor:

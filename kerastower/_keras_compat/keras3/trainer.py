@@ -12,6 +12,30 @@ from kerastower._keras_compat.errors import _attribute, _fail, check_callables
 from kerastower._keras_compat.family import keras
 from kerastower._keras_compat.step_functions import StepFunctionHooks, warn_once
 
+# The family's interface: the Keras 2 and Keras 3 modules export the same names.
+__all__ = [
+    "Functional",
+    "TrainerHooks",
+    "build_before_towers",
+    "build_metrics",
+    "compiled_loss",
+    "compiled_losses_replaced",
+    "compute_loss",
+    "forward",
+    "functional_init_arguments",
+    "graph_of",
+    "init_functional",
+    "inner_layers",
+    "loss_metric_weight",
+    "loss_scaler",
+    "metrics_made_in_first_step",
+    "per_output_loss_metrics",
+    "register_alias",
+    "register_serializable",
+    "track_compiled_loss",
+    "track_step_loss",
+]
+
 
 def register_serializable(package: str):
     """`keras.saving.register_keras_serializable` with `package`."""
@@ -151,11 +175,29 @@ def compiled_losses_replaced(model, wrap, metric_stand_in):
             compile_loss._metrics = metrics
 
 
-# Keras 3 builds a model's metrics before `fit`'s first step.
-METRICS_BUILT_BEFORE_FIT = True
+def metrics_made_in_first_step() -> bool:
+    """Whether `fit` makes a model's compiled metrics in its first step: no,
+    Keras 3 builds them before."""
+    return False
 
-# The step updates Keras 3's ``loss`` metric with its whole loss.
-LOSS_TRACKED_BY_CONTAINER = False
+
+def track_step_loss(model, loss, batch_size) -> None:
+    """Updates the model's ``loss`` metric with a step's whole loss,
+    weighted by its batch size."""
+    loss_tracker(model).update_state(loss, sample_weight=batch_size)
+
+
+def track_compiled_loss(model, values: list, batch_size) -> list:
+    """The per-output values of a step's compiled loss: `values` (the
+    ``loss`` metric is the step's, `track_step_loss`)."""
+    del model, batch_size
+    return values
+
+
+def compiled_loss(model):
+    """The compiled losses that the first step checks for coupling the
+    examples (`kerastower.step.coupled_loss`)."""
+    return getattr(model, "loss", None)
 
 
 def loss_metric_weight(outputs) -> int | None:

@@ -17,8 +17,18 @@ from typing import Any
 from kerastower._keras_compat.errors import _attribute, _fail
 from kerastower._keras_compat.family import keras
 
-# Towers can train on replicas: they read them through `keras.StatelessScope`.
-SUPPORTS_REPLICAS = True
+# The family's interface: the Keras 2 and Keras 3 modules export the same names.
+__all__ = [
+    "build_optimizer",
+    "clone_optimizer",
+    "why_no_replicas",
+]
+
+
+def why_no_replicas() -> str | None:
+    """Why towers cannot train on replicas of the variables: ``None``, they
+    read them through `keras.StatelessScope`."""
+    return None
 
 
 def build_optimizer(optimizer, variables) -> None:

@@ -183,6 +183,12 @@ def _accepts_noinline() -> bool:
 NOINLINE_FUNCTIONS = _accepts_noinline()
 
 
+def keeps_functions_apart() -> bool:
+    """Whether a `tf.function` can be kept from inlining (``_noinline``), so
+    that towers can call one traced function: not on TensorFlow 2.12."""
+    return NOINLINE_FUNCTIONS
+
+
 def call_with_captures(function: Any, inputs: list, replace: dict[int, Any]) -> Any:
     """Calls the concrete `function` with other variables than it captured.
 

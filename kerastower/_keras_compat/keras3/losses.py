@@ -10,6 +10,13 @@ import tensorflow as tf
 from kerastower._keras_compat.errors import _fail
 from kerastower._keras_compat.family import keras
 
+# The family's interface: the Keras 2 and Keras 3 modules export the same names.
+__all__ = [
+    "get_keras_mask",
+    "loss_divisor",
+    "set_keras_mask",
+]
+
 # Reductions whose one-device value is ``sum(weighted values) / divisor``.
 NORMALISED_REDUCTIONS = ("sum_over_batch_size", "mean", "mean_with_sample_weight")
 

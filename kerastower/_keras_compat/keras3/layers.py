@@ -4,21 +4,40 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from kerastower._keras_compat.errors import KERAS_MINOR, _fail, check_method
 from kerastower._keras_compat.family import keras
+
+# The family's interface: the Keras 2 and Keras 3 modules export the same names.
+__all__ = [
+    "activity_penalties_summed",
+    "draws_per_traced_op",
+    "freeze_spectral_update",
+    "held_before_towers",
+    "is_spectral_normalization",
+    "override_batch_norm_moments",
+    "restore_batch_norm",
+    "restore_spectral_update",
+    "spectral_update",
+    "tower_assignments",
+    "unfused_batch_norm",
+]
 
 # The layers whose training call assigns a normalised kernel.
 SPECTRAL_NORMALIZATION = (keras.layers.SpectralNormalization,)
 
 
-@contextlib.contextmanager
-def assignments_to(variables) -> Iterator[list]:
-    """Nothing to read: Keras 3 towers record their assignments in a
-    `RecordingScope` (`RECORDS_ASSIGNMENTS`); yields an empty list."""
-    del variables
-    yield []
+def is_spectral_normalization(layer) -> bool:
+    """Whether `layer` is a `SpectralNormalization` whose training call
+    assigns its normalised kernel."""
+    return isinstance(layer, SPECTRAL_NORMALIZATION)
+
+
+def unfused_batch_norm() -> dict:
+    """`BatchNormalization`'s arguments for its unfused kernel: none, Keras 3
+    has no fused one."""
+    return {}
 
 
 def draws_per_traced_op(layers) -> bool:
@@ -101,8 +120,46 @@ def _check_stateless_scope() -> None:
     )
 
 
-# Towers after the first run in a `RecordingScope`.
-RECORDS_ASSIGNMENTS = True
+def held_before_towers(model) -> tuple[list, list, list]:
+    """What a tower after the first reads as the state before the towers.
+
+    Returns:
+        The model's non-trainable weights; its metrics' other variables; the
+        layers' seed-generator states (a `keras.random.SeedGenerator`'s
+        ``(2,)`` integer state: neither a weight nor a metric's).
+    """
+    weights = list(model.non_trainable_weights)
+    held = {id(v) for v in weights}
+    metrics = [v for v in model.metrics_variables if id(v) not in held]
+    known = {id(v) for v in model.weights + model.metrics_variables}
+    seeds = [
+        v
+        for v in model.non_trainable_variables
+        if id(v) not in known and tuple(v.shape) == (2,) and "int" in v.dtype
+    ]
+    return weights, metrics, seeds
+
+
+@contextlib.contextmanager
+def tower_assignments(
+    mapping: Callable[[], list], guarded: Callable[[], list]
+) -> Iterator[RecordingScope]:
+    """Holds the assignments of a tower after the first, made in the block.
+
+    Args:
+        mapping: Returns ``(variable, value)`` pairs: what each variable
+            reads in the block.
+        guarded: Unused: Keras 3 holds every assignment, none is refused
+            (Keras 2 lists those to these weights).
+
+    Yields:
+        The `RecordingScope` the block runs in: ``updated`` lists the
+        variables assigned, ``get_current_value`` their values; ``refused``
+        is empty.
+    """
+    del guarded
+    with RecordingScope(mapping()) as scope:
+        yield scope
 
 
 class RecordingScope(keras.StatelessScope):
@@ -123,6 +180,7 @@ class RecordingScope(keras.StatelessScope):
         _check_stateless_scope()
         super().__init__(state_mapping, collect_losses=True, initialize_variables=False)
         self.updated: list = []
+        self.refused: list = []
 
     def add_update(self, update):
         self.updated.append(update[0])

@@ -11,6 +11,18 @@ from kerastower._keras_compat.checkpoints import CheckpointRouting
 from kerastower._keras_compat.errors import KERAS_MINOR, _attribute, _fail, check_method
 from kerastower._keras_compat.family import KERAS_VERSION, keras
 
+# The family's interface: the Keras 2 and Keras 3 modules export the same names.
+__all__ = [
+    "CheckpointHooks",
+    "check_execution_steps",
+    "is_remote_path",
+    "keras_files_hold_optimizer",
+    "learning_rate_slot",
+    "print_msg",
+    "set_initial_epoch",
+    "steps_per_execution",
+]
+
 
 def _import_utils():
     try:

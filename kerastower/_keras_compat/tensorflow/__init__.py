@@ -1,0 +1,6 @@
+"""TensorFlow-private step machinery, for either Keras family.
+
+`collectives` starts TensorFlow's collective ops for several workers,
+`tower_calls` calls one traced tower function on every device, `xla`
+compiles each tower with XLA instead of the whole step.
+"""

@@ -19,6 +19,7 @@ from kerastower.reduce.accumulation import GradientWindow
 from kerastower.reduce.replicas import Replicas
 from kerastower.reduce.ring import AllReduceOptions
 from kerastower.step import checks, custom_step, traced_towers
+from kerastower.step.plan import ONE_DEVICE
 from kerastower.step.tower_step import TowerStep
 from kerastower.strategy import TowerStrategy
 from kerastower.workers import cluster, multi_worker
@@ -255,11 +256,11 @@ class TowerModel(EntryPoints, _keras_compat.TrainerHooks, keras.Model):
 
     def train_step(self, data):
         checks.check_optimizer(self.optimizer)
-        one = self.num_towers == 1 and self.num_workers == 1
-        if one and self.gradient_accumulator is None:
+        plan = self._tower_step.plan()
+        if plan.keras_step:
             with tf.device(self._tower_devices[0]):
                 return super().train_step(data)
-        return self._tower_step.train(data)
+        return self._tower_step.train(data, plan)
 
     def tower_gradients(
         self,
@@ -336,16 +337,18 @@ class TowerModel(EntryPoints, _keras_compat.TrainerHooks, keras.Model):
         )
 
     def test_step(self, data):
-        if self.num_towers == 1 and self.num_workers == 1:
+        plan = self._tower_step.plan()
+        if plan.towers == ONE_DEVICE:
             with tf.device(self._tower_devices[0]):
                 return super().test_step(data)
-        return self._tower_step.test(data)
+        return self._tower_step.test(data, plan)
 
     def predict_step(self, data):
-        if self.num_towers == 1:
+        plan = self._tower_step.plan(across_workers=False)
+        if plan.towers == ONE_DEVICE:
             with tf.device(self._tower_devices[0]):
                 return super().predict_step(data)
-        return self._tower_step.predict(data)
+        return self._tower_step.predict(data, plan)
 
     def get_config(self) -> dict[str, Any]:
         config = super().get_config()

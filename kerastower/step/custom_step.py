@@ -22,6 +22,7 @@ import tensorflow as tf
 
 from kerastower._keras_compat import family
 from kerastower.reduce import workers
+from kerastower.step.plan import ONE_DEVICE, StepPlan
 
 
 def own_step_gradients(
@@ -47,23 +48,26 @@ def own_step_gradients(
     def tower_loss(shard):
         return _unpack(loss_fn(*shard), has_aux)
 
-    if model.num_towers == 1 and model.num_workers == 1:
+    # The step's own optimizer updates the model's variables: no accumulator.
+    plan = StepPlan.of(model, step.replicas if model.trainable_weights else None)
+    if plan.towers == ONE_DEVICE:
         with tf.device(model.tower_devices[0]):
             with tf.GradientTape() as tape:
                 loss, outputs = tower_loss(tensors)
             gradients = tape.gradient(loss, variables)
     else:
-        replicas = step.replicas if model.trainable_weights else None
+        replicas = plan.replicas
         if replicas is not None:
             # The step's optimizer updates the model's variables only.
             replicas.ensure(model.trainable_weights)
             replicas.broadcast()
-        gradients, loss, outputs, _ = step.split_gradients(
-            tower_loss, variables, tensors, replicas=replicas, update_replicas=False
+        split = step.split_gradients(
+            tower_loss, variables, tensors, plan, update_replicas=False
         )
+        gradients, loss, outputs = split.gradients, split.loss, split.outputs
         if replicas is None:
             loss, gradients = workers.sum_gradients_over_workers(
-                model, loss, gradients, step.static_rows
+                model, loss, gradients, split.static_rows
             )
         else:  # the replicas' ring spans every worker's towers
             loss = workers.sum_over_workers(model, loss)

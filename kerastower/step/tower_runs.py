@@ -20,6 +20,7 @@ from kerastower import _keras_compat
 from kerastower.reduce import keys, workers
 from kerastower.reduce.towers import TowerSum
 from kerastower.step import checks, layer_updates, traced_towers
+from kerastower.step.plan import TRACED_ONCE, StepPlan
 from kerastower.step.shards import first_leaf, local_results, tower_shards
 from kerastower.step.tower_context import tower_context
 from kerastower.workers import multi_worker
@@ -31,21 +32,19 @@ class TowerRuns:
     Args:
         model: The `kerastower.TowerModel`.
         loss: Its `kerastower.step.step_loss.StepLoss`.
-        replicas: Its `kerastower.reduce.replicas.Replicas`, or ``None``.
     """
 
-    def __init__(self, model, loss, replicas=None):
+    def __init__(self, model, loss):
         self.model = model
         self.loss = loss
-        self.replicas = replicas
 
     def split_run(
-        self, tower_fn, combine, data, across_workers: bool = True, state=None
+        self, tower_fn, combine, data, plan: StepPlan, state, across_workers=True
     ):
         """Runs `tower_fn(shard, weight, losses)` per tower and combines.
 
-        `state` is the step's `kerastower.step.layer_updates.StepState`,
-        which a tower traced once needs (without it, towers are copies).
+        The towers run as `plan` says: one function traced once, or copies.
+        `state` is the step's `kerastower.step.layer_updates.StepState`.
 
         `combine` turns the list of per-tower outputs into the step's result.
         Returns that result and the global batch size ``B``, as float32.
@@ -94,7 +93,9 @@ class TowerRuns:
 
         def on_towers():
             return combine(
-                self.run_copies(weighted_fn, data, batch, total, new_sum(), offset)
+                self.run_copies(
+                    weighted_fn, data, batch, total, new_sum(), plan.xla, offset
+                )
             )
 
         one_tower_warnings: list = []
@@ -128,12 +129,7 @@ class TowerRuns:
         # each distinct one once.
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            if (
-                state is not None
-                and not tf.executing_eagerly()
-                and _keras_compat.orders_calls_here()
-                and traced_towers.applies(model)
-            ):
+            if plan.towers == TRACED_ONCE:
 
                 def traced_fn(shard, weight, sizes, replica_values):
                     sum_fn = new_sum()
@@ -147,7 +143,7 @@ class TowerRuns:
                         state.replica_values = None
                     return result, layer_updates.traced_values(state)
 
-                replicas = self.replicas
+                replicas = plan.replicas
                 replicated = None
                 if replicas is not None and replicas.built:
                     replicated = [
@@ -170,7 +166,7 @@ class TowerRuns:
                 result = tf.cond(
                     batch >= model.num_towers, traced(runs[0]), traced(runs[1])
                 )
-            elif model.jit_compile and model.num_towers == 1:
+            elif plan.xla and model.num_towers == 1:
                 # One tower on several workers: the whole step is one XLA
                 # computation, in which both branches ran the bench convnet's
                 # step 4x slower (55 ms against 14 ms).
@@ -183,8 +179,9 @@ class TowerRuns:
         )
         return result, total
 
-    def run_copies(self, tower_fn, data, batch, total, sum_fn, offset=0):
-        """Splits `data` into shards and runs `tower_fn` on every tower."""
+    def run_copies(self, tower_fn, data, batch, total, sum_fn, xla, offset=0):
+        """Splits `data` into shards and runs `tower_fn` on every tower (with
+        `xla`, each compiled by XLA)."""
         sizes, weights, shards = tower_shards(data, batch, total, self.model.num_towers)
         strategy = self.model.tower_strategy
         inputs = strategy.experimental_distribute_values_from_function(
@@ -195,10 +192,10 @@ class TowerRuns:
         )
         context = tower_context(self.model, total, sum_fn, sync_batch_norm=True)
         gathering = self.loss.gathering(sizes, sum_fn, offset, total)
-        xla = contextlib.nullcontext()
-        if self.model.jit_compile and not tf.executing_eagerly():
-            xla = _keras_compat.compiled_in_towers(strategy)  # XLA per tower
-        with gathering, context as losses, xla:
+        compiled = contextlib.nullcontext()
+        if xla:
+            compiled = _keras_compat.compiled_in_towers(strategy)  # XLA per tower
+        with gathering, context as losses, compiled:
             outputs = strategy.run(
                 lambda args: tower_fn(args[0], args[1], losses), args=(inputs,)
             )

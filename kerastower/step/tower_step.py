@@ -24,6 +24,7 @@ A step, top to bottom (`TowerStep.train`):
 from __future__ import annotations
 
 import warnings
+from typing import Any, NamedTuple
 
 import tensorflow as tf
 
@@ -37,6 +38,7 @@ from kerastower.reduce.gradients import (
     traced_static_rows,
 )
 from kerastower.step import checks, coupled_loss, layer_updates
+from kerastower.step.plan import ONE_DEVICE, StepPlan
 from kerastower.step.shards import (
     concat_nest,
     first_leaf,
@@ -45,6 +47,27 @@ from kerastower.step.shards import (
 )
 from kerastower.step.step_loss import StepLoss
 from kerastower.step.tower_runs import TowerRuns
+
+
+class StepGradients(NamedTuple):
+    """What `TowerStep.split_gradients` returns.
+
+    Attributes:
+        gradients: Per variable, the one-device gradient of the batch (summed
+            over this worker's towers), or ``None`` where it has none.
+        loss: The batch's loss, as one device computes it.
+        outputs: The per-example outputs of `loss_fn`, in batch order.
+        total: ``B``, the global batch size (every worker's), as float32.
+        static_rows: The indices of the variables whose sparse gradients
+            gather a fixed set of rows (for the sum over the workers that
+            follows, `kerastower.reduce.workers.sum_gradients_over_workers`).
+    """
+
+    gradients: list
+    loss: Any
+    outputs: Any
+    total: Any
+    static_rows: set[int]
 
 
 class TowerStep:
@@ -67,31 +90,35 @@ class TowerStep:
         self.model = model
         self.replicas = replicas
         self.accumulator = None
-        # Which sparse gradients gather a fixed set of rows: found by
-        # `split_gradients`, for the sum over the workers that follows it.
-        self.static_rows: set[int] = set()
         self.eager_static_rows = EagerStaticRows()
         self.loss = StepLoss(model)
-        self.runs = TowerRuns(model, self.loss, replicas)
+        self.runs = TowerRuns(model, self.loss)
         self.coupled = coupled_loss.CoupledLossCheck(model)
 
     # -- one step ---------------------------------------------------------
 
-    def train(self, data) -> dict:
-        """One training step on the global batch `data`; returns the logs."""
+    def plan(self, across_workers: bool = True) -> StepPlan:
+        """The `StepPlan` of the step being traced now (`across_workers`:
+        ``False`` for prediction)."""
+        return StepPlan.of(self.model, self.replicas, self.accumulator, across_workers)
+
+    def train(self, data, plan: StepPlan) -> dict:
+        """One training step on the global batch `data`, run as `plan` says;
+        returns the logs."""
         model = self.model
         x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
         _keras_compat.build_before_towers(model, x)
         trainable = model.trainable_weights
         batch_size = tf.shape(first_leaf(x))[0]
-        accumulator = self.accumulator
+        accumulator = plan.accumulator
+        static_rows: set[int] = set()
 
         def loss_fn(shard):
             tx, ty, tsw = shard
             y_pred = _keras_compat.forward(model, tx, training=True)
             return self.loss.compute(tx, ty, y_pred, tsw, training=True), y_pred
 
-        if model.num_towers == 1 and model.num_workers == 1:
+        if plan.towers == ONE_DEVICE:
             with tf.device(model.tower_devices[0]):
                 gradients, loss, y_pred = self.one_device_gradients(
                     x, y, sample_weight, trainable
@@ -103,29 +130,30 @@ class TowerStep:
                 # Which sparse gradients gather a fixed set of rows.
                 data = (x, y, sample_weight)
                 traced = self.eager_static_rows(loss_fn, trainable, data)
-                self.static_rows = (
+                static_rows = (
                     traced_static_rows(loss_fn, trainable, data)
                     if traced is None
                     else traced
                 )
         else:
             checks.check_no_overwritten_gradients(model, trainable)
-            replicas = self.replicas
+            replicas = plan.replicas
             if replicas is not None:
                 replicas.ensure(trainable, model.optimizer)
                 if accumulator is not None:
                     accumulator.attach(replicas)
-            gradients, loss, y_pred, global_batch_size = self.split_gradients(
-                loss_fn,
-                trainable,
-                (x, y, sample_weight),
-                scale_loss=_keras_compat.loss_scaler(model.optimizer),
-                replicas=replicas,
-                accumulator=accumulator,
+            gradients, loss, y_pred, global_batch_size, static_rows = (
+                self.split_gradients(
+                    loss_fn,
+                    trainable,
+                    (x, y, sample_weight),
+                    plan,
+                    scale_loss=_keras_compat.loss_scaler(model.optimizer),
+                )
             )
             if replicas is None:
                 loss, gradients = workers.sum_gradients_over_workers(
-                    model, loss, gradients, self.static_rows
+                    model, loss, gradients, static_rows
                 )
             else:  # the replicas' ring spans every worker's towers
                 loss = workers.sum_over_workers(model, loss)
@@ -141,7 +169,7 @@ class TowerStep:
             if accumulator is not None:
                 # Micro-batches weigh by their examples on all workers together.
                 accumulator.accumulate(
-                    gradients, global_batch_size, model.optimizer, self.static_rows
+                    gradients, global_batch_size, model.optimizer, static_rows
                 )
             else:
                 model.optimizer.apply_gradients(zip(gradients, trainable))
@@ -153,8 +181,9 @@ class TowerStep:
 
         return workers.metric_results_over_workers(self.model, update_metrics)
 
-    def test(self, data) -> dict:
-        """One evaluation step on the global batch `data`; returns the logs."""
+    def test(self, data, plan: StepPlan) -> dict:
+        """One evaluation step on the global batch `data`, run as `plan`
+        says; returns the logs."""
         model = self.model
         x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
         _keras_compat.build_before_towers(model, x)
@@ -172,8 +201,8 @@ class TowerStep:
             return (), loss, y_pred, per_output, masks_of(y_pred)
 
         with layer_updates.step_state(model, training=False) as state:
-            (loss, y_pred, per_output, masks), _ = self.split_run(
-                tower_fn, self.loss.combine, (x, y, sample_weight), state=state
+            (loss, y_pred, per_output, masks), _ = self.runs.split_run(
+                tower_fn, self.loss.combine, (x, y, sample_weight), plan, state
             )
         y_pred = with_masks(y_pred, masks)
         loss = workers.sum_over_workers(self.model, loss)
@@ -186,8 +215,9 @@ class TowerStep:
 
         return workers.metric_results_over_workers(self.model, update_metrics)
 
-    def predict(self, data):
-        """Predictions for the global batch `data`, in input order."""
+    def predict(self, data, plan: StepPlan):
+        """Predictions for the global batch `data`, in input order, run as
+        `plan` says."""
         x, _, _ = keras.utils.unpack_x_y_sample_weight(data)
         _keras_compat.build_before_towers(self.model, x)
         variables, replicas = replica_setting.inference_reads(
@@ -199,8 +229,8 @@ class TowerStep:
                 return _keras_compat.forward(self.model, shard, training=False)
 
         with layer_updates.step_state(self.model, training=False) as state:
-            y_pred, _ = self.split_run(
-                tower_fn, concat_nest, x, across_workers=False, state=state
+            y_pred, _ = self.runs.split_run(
+                tower_fn, concat_nest, x, plan, state, across_workers=False
             )
         return y_pred
 
@@ -222,24 +252,27 @@ class TowerStep:
         loss_fn,
         variables,
         data,
+        plan: StepPlan,
         scale_loss=None,
-        replicas=None,
-        accumulator=None,
         update_replicas=True,
-    ):
+    ) -> StepGradients:
         """The one-device gradients and loss of `data`, from the towers.
 
         ``loss_fn(shard)`` returns ``(loss, outputs)``: the shard's loss as
-        one device computes it (weighted by `loss_weighting.weigh_loss`) and per-example
-        outputs. Returns ``(gradients, loss, outputs, B)``, summed or
-        concatenated over this worker's towers; ``B`` is the global batch.
-        With `replicas` (a `kerastower.reduce.replicas.Replicas` of `variables`),
-        each tower reads its replicas, and the replicas are updated with the
-        all-reduced gradients, or add them to their windows of `accumulator`
-        (a `GradientWindow` attached to `replicas`), or, without
-        `update_replicas`, left as they are; the gradients returned are
-        tower 0's.
+        one device computes it (weighted by `loss_weighting.weigh_loss`) and
+        per-example outputs. The towers run as `plan` says. With its
+        ``replicas`` (a `kerastower.reduce.replicas.Replicas` of
+        `variables`), each tower reads its replicas, and the replicas are
+        updated with the all-reduced gradients, or add them to their windows
+        of its ``accumulator`` (a `GradientWindow` attached to the
+        replicas), or, without `update_replicas`, left as they are; the
+        gradients returned are then tower 0's.
+
+        Returns:
+            A `StepGradients`, summed or concatenated over this worker's
+            towers.
         """
+        replicas = plan.replicas
         checks.check_no_overwritten_gradients(self.model, variables)
         connected: list[int] = []
         rows_inside: dict[int, bool] = {}
@@ -285,13 +318,15 @@ class TowerStep:
             return grads, loss, outputs, per_output, masks
 
         with layer_updates.step_state(self.model, replicas) as state:
-            (grads, loss, outputs, per_output, masks), total = self.split_run(
-                tower_fn, combine, data, state=state
+            (grads, loss, outputs, per_output, masks), total = self.runs.split_run(
+                tower_fn, combine, data, plan, state
             )
         if replicas is not None:
             static = [static_rows[j] for j in connected]
             if update_replicas:  # `total`: every worker's examples
-                grads = replicas.update(grads, connected, static, accumulator, total)
+                grads = replicas.update(
+                    grads, connected, static, plan.accumulator, total
+                )
             else:
                 grads = replicas.reduce(
                     grads, [variables[j] for j in connected], static
@@ -303,11 +338,5 @@ class TowerStep:
         gradients = [None] * len(variables)
         for k, j in enumerate(connected):
             gradients[j] = grads[k]
-        self.static_rows = {j for j, rows in static_rows.items() if rows}
-        return gradients, loss, outputs, total
-
-    # -- running the towers ------------------------------------------------
-
-    def split_run(self, tower_fn, combine, data, across_workers=True, state=None):
-        """`TowerRuns.split_run` (`kerastower.step.tower_runs`)."""
-        return self.runs.split_run(tower_fn, combine, data, across_workers, state)
+        static = {j for j, rows in static_rows.items() if rows}
+        return StepGradients(gradients, loss, outputs, total, static)

@@ -89,7 +89,7 @@ def test_one_tower_is_the_tape_on_one_device(monkeypatch):
     def no_towers(*args, **kwargs):
         raise AssertionError("one tower must not run the tower strategy")
 
-    monkeypatch.setattr(kerastower.step.tower_step.TowerStep, "split_run", no_towers)
+    monkeypatch.setattr(kerastower.step.tower_runs.TowerRuns, "split_run", no_towers)
     gan, logs = train(dcgan.TowerGAN, towers=1)
     assert gan.num_towers == 1
     assert logs == expected_logs  # the same operations: bit for bit

@@ -26,14 +26,18 @@ COMMAND_MODULES = ("kerastower", "kerastower.cli")
 def started_as_command() -> bool:
     """Whether this process is the ``kerastower`` command line.
 
-    That is the ``kerastower`` console script, or ``python -m kerastower``
-    (and ``python -m kerastower.cli``); not a program that imports kerastower.
+    That is the ``kerastower`` console script, whose module
+    (``kerastower_command``, outside the package) notes it before it imports
+    kerastower, or an interpreter started as ``python -m kerastower`` (or
+    ``-m kerastower.cli``), read from the interpreter's own command line
+    (``sys.orig_argv``). ``sys.argv``, which a program may set as it likes,
+    is not read: a program that imports kerastower gets the whole package.
 
     Returns:
         ``True`` in the command line's process, ``False`` elsewhere.
     """
-    program = sys.argv[0].replace("\\", "/").rsplit("/", 1)[-1].lower()
-    if program in ("kerastower", "kerastower.exe", "kerastower-script.py"):
+    script = sys.modules.get("kerastower_command")
+    if getattr(script, "STARTED", False):
         return True
     argv = list(getattr(sys, "orig_argv", []))
     if "-m" in argv[:-1]:

@@ -156,20 +156,40 @@ def test_version_names_kerastower_tensorflow_and_keras(capsys):
 
 
 @pytest.mark.parametrize(
-    "argv0, orig_argv, expected",
+    "argv0, orig_argv, script, expected",
     [
-        ("/usr/bin/kerastower", ["python", "/usr/bin/kerastower", "demo"], True),
-        ("C:\\venv\\Scripts\\kerastower.exe", ["kerastower.exe"], True),
-        ("-m", ["python", "-m", "kerastower", "devices"], True),
-        ("-m", ["python", "-X", "dev", "-m", "kerastower.cli"], True),
-        ("train.py", ["python", "train.py"], False),
-        ("-m", ["python", "-m", "pytest"], False),
+        ("/usr/bin/kerastower", ["python", "/usr/bin/kerastower", "demo"], True, True),
+        ("C:\\venv\\Scripts\\kerastower.exe", ["kerastower.exe"], True, True),
+        ("-m", ["python", "-m", "kerastower", "devices"], False, True),
+        ("-m", ["python", "-X", "dev", "-m", "kerastower.cli"], False, True),
+        ("train.py", ["python", "train.py"], False, False),
+        ("-m", ["python", "-m", "pytest"], False, False),
+        # A program's own `sys.argv` says nothing.
+        ("/usr/bin/kerastower", ["python", "/usr/bin/kerastower"], False, False),
+        ("kerastower", ["python", "-c", "..."], False, False),
     ],
 )
-def test_only_the_command_line_is_quieted(monkeypatch, argv0, orig_argv, expected):
+def test_only_the_command_line_is_quieted(
+    monkeypatch, argv0, orig_argv, script, expected
+):
+    import kerastower_command
+
     monkeypatch.setattr(sys, "argv", [argv0])
     monkeypatch.setattr(sys, "orig_argv", orig_argv, raising=False)
+    monkeypatch.setattr(kerastower_command, "STARTED", script)
     assert _startup.started_as_command() is expected
+
+
+def test_a_program_named_kerastower_imports_the_whole_package():
+    # Its `sys.argv[0]` is the console script's name, and it is not the
+    # command line: `import kerastower` gives it the model.
+    program = (
+        "import sys; sys.argv[0] = '/usr/bin/kerastower'; import kerastower; "
+        "print(kerastower.TowerModel.__name__)"
+    )
+    result = run(sys.executable, "-c", program)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "TowerModel"
 
 
 def test_verbose_is_accepted_before_and_after_the_command():

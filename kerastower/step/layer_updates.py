@@ -227,19 +227,18 @@ def _reads(model, variables, state, replicas, tower) -> Iterator[list]:
         return replicas.copies(variables, tower)
 
     read = reads(variables)
-    mapped = {id(v) for v in variables}
+    given = {id(v) for v in variables}
 
     def mapping() -> list:
         pairs = list(zip(variables, read))
-        others = [v for v in model.trainable_weights if id(v) not in mapped]
+        others = [v for v in model.trainable_weights if id(v) not in given]
         pairs += list(zip(others, reads(others)))
         pairs += [
             (v, value)
             for v, value in state.values + state.metrics
-            if id(v) not in mapped
+            if id(v) not in given
         ]
         pairs += _seed_states(state, traced if traced is not None else tower)
-        mapped.update(id(v) for v, _ in pairs)
         return [(v, family.value_of(value)) for v, value in pairs]
 
     guarded = functools.partial(_guarded_weights, model)
@@ -251,7 +250,18 @@ def _reads(model, variables, state, replicas, tower) -> Iterator[list]:
     if traced is not None:
         state.traced.append((updated, [scope.get_current_value(v) for v in updated]))
         return
+    mapped = given | _mapped(model, state)
     _make_updates(model, state, updated, scope.get_current_value, mapped, first=False)
+
+
+def _mapped(model, state: StepState) -> set[int]:
+    """The variables a tower after the first reads through the mapping of
+    `tower_reads` (besides those it differentiates): the model's trainable
+    weights, the state before the towers and the seed states, by ``id``."""
+    mapped = {id(v) for v in model.trainable_weights}
+    mapped.update(id(v) for v, _ in state.values + state.metrics)
+    mapped.update(id(v) for v in state.seeds)
+    return mapped
 
 
 def _seed_states(state: StepState, tower) -> list:
@@ -295,9 +305,7 @@ def apply_traced(model: keras.Model, state: StepState, per_tower: Sequence) -> N
     if not state.traced:
         return
     (updated, _) = state.traced[-1]
-    mapped = {id(v) for v in model.trainable_weights}
-    mapped.update(id(v) for v, _ in state.values + state.metrics)
-    mapped.update(id(v) for v in state.seeds)
+    mapped = _mapped(model, state)
     for tower, values in enumerate(per_tower):
         value_of = dict(zip(map(id, updated), values))
         _make_updates(

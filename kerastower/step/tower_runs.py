@@ -38,9 +38,7 @@ class TowerRuns:
         self.model = model
         self.loss = loss
 
-    def split_run(
-        self, tower_fn, combine, data, plan: StepPlan, state, across_workers=True
-    ):
+    def split_run(self, tower_fn, combine, data, plan: StepPlan, state):
         """Runs `tower_fn(shard, weight, losses)` per tower and combines.
 
         The towers run as `plan` says: one function traced once, or copies.
@@ -49,13 +47,13 @@ class TowerRuns:
         `combine` turns the list of per-tower outputs into the step's result.
         Returns that result and the global batch size ``B``, as float32.
 
-        Each tower's weight is its share ``n_i / B`` of the global batch: of all
-        workers' batches when `across_workers`, else of this worker's (for
-        `predict`, which needs no weight and must not wait for the other
-        workers). A batch smaller than the number of towers would leave towers
-        without an example, which some TensorFlow kernels mishandle (oneDNN
-        convolutions return a wrongly shaped empty tensor), so it runs whole on
-        the first tower instead, as on one device: with copies, one device's
+        Each tower's weight is its share ``n_i / B`` of the global batch: of
+        all the plan's workers' batches (one worker's for `predict`, which
+        needs no weight and must not wait for the other workers). A batch
+        smaller than the number of towers would leave towers without an
+        example, which some TensorFlow kernels mishandle (oneDNN convolutions
+        return a wrongly shaped empty tensor), so it runs whole on the first
+        tower instead, as on one device: with copies, one device's
         own trace (there without XLA, which compiles the towers' ops only);
         with the tower traced once, that function on the whole batch, whose
         statistics are sums over one tower (equal to float tolerance). With
@@ -65,10 +63,10 @@ class TowerRuns:
         model = self.model
         if model.num_towers > 1:
             checks.check_no_stateful_layers(model)
-        if across_workers:
+        if plan.workers > 1:
             checks.check_gathered_steps(model)
         batch = tf.shape(first_leaf(data))[0]
-        num_workers = model.num_workers if across_workers else 1
+        num_workers = plan.workers
         offset, total = tf.constant(0, tf.int32), tf.cast(batch, tf.float32)
         if num_workers > 1:
             offset, total = workers.batches_over_workers(model, batch)

@@ -229,9 +229,7 @@ class TowerStep:
                 return _keras_compat.forward(self.model, shard, training=False)
 
         with layer_updates.step_state(self.model, training=False) as state:
-            y_pred, _ = self.runs.split_run(
-                tower_fn, concat_nest, x, plan, state, across_workers=False
-            )
+            y_pred, _ = self.runs.split_run(tower_fn, concat_nest, x, plan, state)
         return y_pred
 
     # -- gradients ----------------------------------------------------------

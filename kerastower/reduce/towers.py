@@ -26,6 +26,10 @@ its collectives from the start of that block, so the step's branch that runs
 on all towers and the one that runs on one tower (a batch smaller than the
 tower count, `TowerRuns.split_run`) issue the same keys; workers that take
 different branches still meet.
+
+Inside a tower traced once and called on every device
+(`kerastower.step.traced_towers`) the within-worker sum is
+`TowerCollectives`: one collective per dtype over the calls.
 """
 
 from __future__ import annotations
@@ -241,3 +245,43 @@ def sum_by_dtype(
             out[i] = tf.reshape(piece, tf.shape(values[i]))
             out[i].set_shape(values[i].shape)
     return out
+
+
+class TowerCollectives:
+    """Sums a list of tensors over the calls of the traced tower.
+
+    One ``CollectiveReduceV2`` per dtype; the instance keys are numbered at
+    trace time, so every call of the function issues the same keys in the
+    same order, and the group (key and size) is an input of the call.
+
+    Args:
+        group_size: How many calls sum together, an int32 scalar tensor.
+        group_key: Their group's key, an int32 scalar tensor.
+        first_key: The first of the instance keys the function may use.
+    """
+
+    def __init__(self, group_size: tf.Tensor, group_key: tf.Tensor, first_key: int):
+        self.group_size = group_size
+        self.group_key = group_key
+        self.first_key = first_key
+        self.used = 0
+
+    def __call__(self, values: Sequence[tf.Tensor]) -> list[tf.Tensor]:
+        return sum_by_dtype(values, self._sum)
+
+    def _sum(self, flat: tf.Tensor) -> tf.Tensor:
+        if self.used >= keys.STEP_BLOCK:
+            raise RuntimeError(
+                f"A tower issued more than {keys.STEP_BLOCK} sums in one step."
+            )
+        summed = tf.raw_ops.CollectiveReduceV2(
+            input=flat,
+            group_size=self.group_size,
+            group_key=self.group_key,
+            instance_key=self.first_key + self.used,
+            ordering_token=[],
+            merge_op="Add",
+            final_op="Id",
+        )
+        self.used += 1
+        return summed

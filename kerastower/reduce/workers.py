@@ -12,7 +12,7 @@ whatever its number of towers.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
 import tensorflow as tf
@@ -193,59 +193,86 @@ def sum_gradients_over_workers(
     return summed[0], gradients
 
 
-_SUMMING = threading.local()  # inside `metric_results_over_workers`
+_SUMMING = threading.local()  # inside a `MetricsOverWorkers`
 
 
-def metric_results_over_workers(
-    model: keras.Model, update_metrics: Callable[[], Any], keep_logs: bool = False
-) -> Any:
-    """Runs `update_metrics` and makes every metric of `model` count all workers.
+class MetricsOverWorkers:
+    """Makes the metric updates made while open count every worker's examples.
 
     Keras metrics keep additive state (totals and counts), so summing each
     worker's change of state gives the state of one metric fed every worker's
-    examples. Nested calls (the built-in step called from a `train_step` of
+    examples. Nested uses (the built-in step called from a `train_step` of
     one's own, see `kerastower.step.custom_step.over_workers`) sum once, in
-    the outermost.
+    the outermost. On one worker it does nothing::
+
+        with MetricsOverWorkers(model) as over:
+            logs = model.compute_metrics(x, y, y_pred)  # this worker's
+        logs = over.logs(logs)
 
     Args:
         model: A `kerastower.TowerModel`.
-        update_metrics: A function updating the metrics with this worker's
-            examples.
-        keep_logs: Whether to return what `update_metrics` returns (a
-            ``train_step``'s logs), with each entry named after a metric
-            replaced by its result over all workers.
-
-    Returns:
-        The model's metric results, over all workers, or the logs.
     """
-    if model.num_workers == 1 or getattr(_SUMMING, "active", False):
-        return update_metrics()
-    variables = [v for m in model.metrics for v in m.variables]
-    before = [tf.identity(v) for v in variables]
-    _SUMMING.active = True
-    try:
-        with tf.control_dependencies(before):
-            logs = update_metrics()
-    finally:
+
+    def __init__(self, model: keras.Model):
+        self.model = model
+        self.summing = model.num_workers > 1 and not getattr(_SUMMING, "active", False)
+        self._variables: list = []
+        self._before: list = []
+        self._order: Any = None
+
+    def __enter__(self) -> MetricsOverWorkers:
+        if self.summing:
+            self._variables = [v for m in self.model.metrics for v in m.variables]
+            self._before = [tf.identity(v) for v in self._variables]
+            _SUMMING.active = True
+            self._order = tf.control_dependencies(self._before)
+            self._order.__enter__()
+        return self
+
+    def __exit__(self, kind, error, trace) -> None:
+        if not self.summing:
+            return
+        self._order.__exit__(kind, error, trace)
         _SUMMING.active = False
-    deltas = [v - b for v, b in zip(variables, before)]
-    for variable, old, delta in zip(variables, before, sum_over_workers(model, deltas)):
-        variable.assign(old + delta)
-    results = model.get_metrics_result()
-    if not keep_logs:
-        return results
-    if not isinstance(logs, dict):
-        return logs
+        if kind is not None:
+            return
+        variables, before = self._variables, self._before
+        deltas = [v - b for v, b in zip(variables, before)]
+        summed = sum_over_workers(self.model, deltas)
+        for variable, old, delta in zip(variables, before, summed):
+            variable.assign(old + delta)
 
-    def refreshed(entries):
-        return {
-            name: refreshed(value)
-            if isinstance(value, dict)
-            else results.get(name, value)
-            for name, value in entries.items()
-        }
+    def logs(self, logs: Any, keep_logs: bool = False) -> Any:
+        """The logs of the step, over all workers.
 
-    return refreshed(logs)
+        Args:
+            logs: What the step's update returned: the metric results (the
+                built-in steps) or a ``train_step``'s logs.
+            keep_logs: Whether to keep `logs` (a ``train_step``'s), with
+                each entry named after a metric replaced by its result over
+                all workers, rather than return the model's metric results.
+
+        Returns:
+            `logs` as given on one worker (or nested); else the model's metric
+            results over all workers, or, with `keep_logs`, the refreshed logs.
+        """
+        if not self.summing:
+            return logs
+        results = self.model.get_metrics_result()
+        if not keep_logs:
+            return results
+        if not isinstance(logs, dict):
+            return logs
+
+        def refreshed(entries):
+            return {
+                name: refreshed(value)
+                if isinstance(value, dict)
+                else results.get(name, value)
+                for name, value in entries.items()
+            }
+
+        return refreshed(logs)
 
 
 def broadcast_from_chief(

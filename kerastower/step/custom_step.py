@@ -83,7 +83,7 @@ def over_workers(train_step: Callable) -> Callable:
     ``self.compute_metrics``) count every worker's examples, as the built-in
     step's do, and the logs it returns under a metric's name hold that
     metric's result over all workers
-    (`kerastower.reduce.workers.metric_results_over_workers`). On one
+    (`kerastower.reduce.workers.MetricsOverWorkers`). On one
     worker the step runs as written.
     """
     if getattr(train_step, "kerastower_over_workers", False):
@@ -91,9 +91,9 @@ def over_workers(train_step: Callable) -> Callable:
 
     @functools.wraps(train_step)
     def wrapped(self, data):  # one worker: the step itself
-        return workers.metric_results_over_workers(
-            self, lambda: train_step(self, data), keep_logs=True
-        )
+        with workers.MetricsOverWorkers(self) as over:
+            logs = train_step(self, data)
+        return over.logs(logs, keep_logs=True)
 
     wrapped.kerastower_over_workers = True
     return wrapped

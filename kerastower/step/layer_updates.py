@@ -93,9 +93,6 @@ class StepState:
             threads (`kerastower._keras_compat.GlobalSeeds`).
         traced: ``(variables, values)`` that a tower traced once assigned,
             for `apply_traced`.
-        replica_values: While a tower traced once with replicas traces, the
-            calling tower's replica value of each replicated variable, by
-            ``id`` of the model's variable: inputs of the traced function.
     """
 
     values: list
@@ -104,7 +101,6 @@ class StepState:
     kept: dict = dataclasses.field(default_factory=dict)
     seeds: list = dataclasses.field(default_factory=list)
     traced: list = dataclasses.field(default_factory=list)
-    replica_values: dict | None = None
     global_seeds: Any = dataclasses.field(default_factory=_keras_compat.GlobalSeeds)
 
 
@@ -174,6 +170,7 @@ def tower_reads(
     state: StepState,
     replicas: Any = None,
     tower: int | None = None,
+    replica_values: dict | None = None,
 ) -> Iterator[list]:
     """Makes a tower read the state before the towers while open.
 
@@ -197,14 +194,17 @@ def tower_reads(
         replicas: The model's `kerastower.reduce.replicas.Replicas`, or ``None``.
         tower: The tower; defaults to the current replica context's (0
             outside `tf.distribute.Strategy.run`).
+        replica_values: For a tower traced once with replicas, the calling
+            tower's value of each replicated variable, by ``id`` of the
+            model's variable: inputs of the traced function.
     """
     with state.global_seeds.in_tower():
-        with _reads(model, variables, state, replicas, tower) as read:
+        with _reads(model, variables, state, replicas, tower, replica_values) as read:
             yield read
 
 
 @contextlib.contextmanager
-def _reads(model, variables, state, replicas, tower) -> Iterator[list]:
+def _reads(model, variables, state, replicas, tower, replica_values) -> Iterator[list]:
     traced = None
     if tower is None:
         context = tf.distribute.get_replica_context()
@@ -216,14 +216,14 @@ def _reads(model, variables, state, replicas, tower) -> Iterator[list]:
     if tower == 0:
         yield list(variables)
         return
-    if traced is not None and replicas is not None and state.replica_values is None:
+    if traced is not None and replicas is not None and replica_values is None:
         raise RuntimeError("A tower traced once with replicas needs their values.")
 
     def reads(variables):
         if replicas is None:
             return list(variables)
         if traced is not None:  # the calling tower's replicas, as inputs
-            return [state.replica_values.get(id(v), v) for v in variables]
+            return [replica_values.get(id(v), v) for v in variables]
         return replicas.copies(variables, tower)
 
     read = reads(variables)

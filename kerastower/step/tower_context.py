@@ -10,6 +10,9 @@ While the towers trace their forward pass and loss:
 - with synchronised statistics, every `BatchNormalization` layer normalises
   with the mean and variance of the global batch, summed over the towers
   (`kerastower.step.batch_norm.global_moments`).
+
+`TowerFrame` opens that context for the towers of one step and calls a
+tower's body (`kerastower.step.tower_body`) inside it.
 """
 
 from __future__ import annotations
@@ -19,11 +22,15 @@ import functools
 from collections.abc import Iterator
 from typing import Any
 
+import tensorflow as tf
+
 from kerastower import _keras_compat
 from kerastower._keras_compat.family import keras
 from kerastower.reduce import workers
+from kerastower.reduce.towers import TowerSum
 from kerastower.step.batch_norm import global_moments
 from kerastower.step.loss_weighting import TowerLoss, TowerLosses
+from kerastower.workers import multi_worker
 
 
 class _IgnoredMetric:
@@ -86,3 +93,73 @@ def tower_context(
     finally:
         for layer in patched:
             _keras_compat.restore_batch_norm(layer)
+
+
+class TowerFrame:
+    """What every tower of one step runs inside, and the call of its body.
+
+    Args:
+        model: The `kerastower.TowerModel`.
+        loss: Its `kerastower.step.step_loss.StepLoss`.
+        total: ``B``, the step's examples on all its workers, float32.
+        offset: The examples of the workers before this one, int32.
+        num_workers: The workers whose towers make the step.
+        block: The `kerastower.reduce.keys.StepBlock` that numbers the sums
+            over workers, or ``None`` on one worker.
+    """
+
+    def __init__(self, model, loss, total, offset, num_workers: int, block=None):
+        self.model = model
+        self.loss = loss
+        self.total = total
+        self.offset = offset
+        self.num_workers = num_workers
+        self.block = block
+
+    def new_sum(self) -> TowerSum:
+        """A sum over every tower of every worker."""
+        return TowerSum(
+            self.num_workers,
+            self.model.tower_devices[0],
+            multi_worker.timeout(),
+            self.block,
+        )
+
+    @contextlib.contextmanager
+    def towers(self, sizes) -> Iterator[TowerLosses]:
+        """The context of towers holding `sizes` examples each (int32,
+        ``(N,)``): the global batch's statistics and, with
+        ``global_batch_loss``, its loss."""
+        sum_fn = self.new_sum()
+        with (
+            self.loss.gathering(sizes, sum_fn, self.offset, self.total),
+            tower_context(self.model, self.total, sum_fn, True) as losses,
+        ):
+            yield losses
+
+    @contextlib.contextmanager
+    def one_tower(self, batch) -> Iterator[TowerLosses]:
+        """The context of the first tower holding this worker's whole batch
+        of `batch` examples: one device's statistics, unless other workers
+        add theirs."""
+        sum_fn = self.new_sum()
+        several = self.num_workers > 1
+        # On several workers the loss of the whole batch needs every
+        # worker's rows; on one, this tower holds them all.
+        gathering = (
+            self.loss.gathering(tf.reshape(batch, [1]), sum_fn, self.offset, self.total)
+            if several
+            else contextlib.nullcontext()
+        )
+        with (
+            gathering,
+            tower_context(self.model, self.total, sum_fn, several) as losses,
+        ):
+            yield losses
+
+    def call(self, body, shard, weight, losses, replica_values=None) -> Any:
+        """``body(shard, weight, losses, replica_values)``, where a `Mean` of
+        a batch scalar (a loss tracked in `compute_loss`) counts the tower
+        with its weight, so that the towers count the batch once."""
+        with _keras_compat.scalar_means_weighted(weight, self.model):
+            return body(shard, weight, losses, replica_values)

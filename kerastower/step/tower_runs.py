@@ -1,9 +1,11 @@
-"""Running one step's tower function on every tower, and combining.
+"""Running one step's tower body on every tower, and combining.
 
 `TowerRuns.split_run` cuts the global batch into shards, weighs each tower
-by its share ``n_i / B``, runs the towers under what they trace with
-(`kerastower.step.tower_context`) and combines their results; a batch
-smaller than the tower count runs whole on the first tower. The towers are
+by its share ``n_i / B``, runs a step's tower body
+(`kerastower.step.tower_body`) on each under what the towers trace with
+(`kerastower.step.tower_context.TowerFrame`) and has the body combine their
+results; a batch smaller than the tower count runs whole on the first
+tower. The towers are
 one function traced once and called on every device
 (`kerastower.step.traced_towers`) where the settings allow, else one copy
 traced per tower inside `tf.distribute.Strategy.run` (`run_copies`).
@@ -18,16 +20,14 @@ import tensorflow as tf
 
 from kerastower import _keras_compat
 from kerastower.reduce import keys, workers
-from kerastower.reduce.towers import TowerSum
-from kerastower.step import checks, layer_updates, traced_towers
+from kerastower.step import checks, traced_towers
 from kerastower.step.plan import TRACED_ONCE, StepPlan
 from kerastower.step.shards import first_leaf, local_results, tower_shards
-from kerastower.step.tower_context import tower_context
-from kerastower.workers import multi_worker
+from kerastower.step.tower_context import TowerFrame
 
 
 class TowerRuns:
-    """Runs the tower functions of one `TowerModel`'s steps.
+    """Runs the towers of one `TowerModel`'s steps.
 
     Args:
         model: The `kerastower.TowerModel`.
@@ -38,13 +38,14 @@ class TowerRuns:
         self.model = model
         self.loss = loss
 
-    def split_run(self, tower_fn, combine, data, plan: StepPlan, state):
-        """Runs `tower_fn(shard, weight, losses)` per tower and combines.
+    def split_run(self, body, data, plan: StepPlan):
+        """Runs `body` on every tower's shard of `data` and combines.
 
-        The towers run as `plan` says: one function traced once, or copies.
-        `state` is the step's `kerastower.step.layer_updates.StepState`.
+        `body` is a `kerastower.step.tower_body.TowerBody`: each tower
+        returns ``body(shard, weight, losses)`` and the step's result is
+        ``body.combine(per_tower)``. The towers run as `plan` says: one
+        function traced once, or copies.
 
-        `combine` turns the list of per-tower outputs into the step's result.
         Returns that result and the global batch size ``B``, as float32.
 
         Each tower's weight is its share ``n_i / B`` of the global batch: of
@@ -76,24 +77,11 @@ class TowerRuns:
             if num_workers > 1
             else None
         )
-
-        def weighted_fn(shard, weight, losses):
-            # A `Mean` of a batch scalar (a loss tracked in `compute_loss`)
-            # counts each tower with its loss's weight, so that the towers
-            # count the batch once, as one device does.
-            with _keras_compat.scalar_means_weighted(weight, model):
-                return tower_fn(shard, weight, losses)
-
-        def new_sum():
-            return TowerSum(
-                num_workers, model.tower_devices[0], multi_worker.timeout(), block
-            )
+        frame = TowerFrame(model, self.loss, total, offset, num_workers, block)
 
         def on_towers():
-            return combine(
-                self.run_copies(
-                    weighted_fn, data, batch, total, new_sum(), plan.xla, offset
-                )
+            return body.combine(
+                self.run_copies(body, frame, data, batch, total, plan.xla)
             )
 
         one_tower_warnings: list = []
@@ -102,21 +90,9 @@ class TowerRuns:
             weight = tf.cast(batch, tf.float64) / tf.cast(total, tf.float64)
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")
-                # One device's statistics are this tower's, unless workers
-                # add theirs.
-                sum_fn = new_sum()
-                context = tower_context(
-                    model, total, sum_fn, sync_batch_norm=num_workers > 1
-                )
-                # On several workers the loss of the whole batch needs every
-                # worker's rows; on one, this tower holds them all.
-                gathering = (
-                    self.loss.gathering(tf.reshape(batch, [1]), sum_fn, offset, total)
-                    if num_workers > 1
-                    else contextlib.nullcontext()
-                )
-                with gathering, context as losses, tf.device(model.tower_devices[0]):
-                    result = combine([weighted_fn(data, weight, losses)])
+                with frame.one_tower(batch) as losses:
+                    with tf.device(model.tower_devices[0]):
+                        result = body.combine([frame.call(body, data, weight, losses)])
             one_tower_warnings.append(caught)
             return result
 
@@ -128,19 +104,6 @@ class TowerRuns:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             if plan.towers == TRACED_ONCE:
-
-                def traced_fn(shard, weight, sizes, replica_values):
-                    sum_fn = new_sum()
-                    context = tower_context(model, total, sum_fn, sync_batch_norm=True)
-                    gathering = self.loss.gathering(sizes, sum_fn, offset, total)
-                    state.replica_values = replica_values
-                    try:
-                        with gathering, context as losses:
-                            result = weighted_fn(shard, weight, losses)
-                    finally:
-                        state.replica_values = None
-                    return result, layer_updates.traced_values(state)
-
                 replicas = plan.replicas
                 replicated = None
                 if replicas is not None and replicas.built:
@@ -148,16 +111,14 @@ class TowerRuns:
                         replicas.replica_variables(i) for i in range(model.num_towers)
                     ]
                 runs = traced_towers.run(
-                    model, traced_fn, data, batch, total, replicated
+                    model, body, frame, data, batch, total, replicated
                 )
 
                 def traced(run):
                     def branch():
                         per_tower = run()
-                        layer_updates.apply_traced(
-                            model, state, [updates for _, updates in per_tower]
-                        )
-                        return combine([result for result, _ in per_tower])
+                        body.apply_updates([updates for _, updates in per_tower])
+                        return body.combine([result for result, _ in per_tower])
 
                     return branch
 
@@ -177,9 +138,9 @@ class TowerRuns:
         )
         return result, total
 
-    def run_copies(self, tower_fn, data, batch, total, sum_fn, xla, offset=0):
-        """Splits `data` into shards and runs `tower_fn` on every tower (with
-        `xla`, each compiled by XLA)."""
+    def run_copies(self, body, frame, data, batch, total, xla):
+        """Splits `data` into shards and runs `body` on every tower, in
+        `frame` (with `xla`, each tower compiled by XLA)."""
         sizes, weights, shards = tower_shards(data, batch, total, self.model.num_towers)
         strategy = self.model.tower_strategy
         inputs = strategy.experimental_distribute_values_from_function(
@@ -188,13 +149,11 @@ class TowerRuns:
                 weights[ctx.replica_id_in_sync_group],
             )
         )
-        context = tower_context(self.model, total, sum_fn, sync_batch_norm=True)
-        gathering = self.loss.gathering(sizes, sum_fn, offset, total)
         compiled = contextlib.nullcontext()
         if xla:
             compiled = _keras_compat.compiled_in_towers(strategy)  # XLA per tower
-        with gathering, context as losses, compiled:
+        with frame.towers(sizes) as losses, compiled:
             outputs = strategy.run(
-                lambda args: tower_fn(args[0], args[1], losses), args=(inputs,)
+                lambda args: frame.call(body, args[0], args[1], losses), args=(inputs,)
             )
         return local_results(strategy, outputs)

@@ -31,20 +31,10 @@ import tensorflow as tf
 from kerastower import _keras_compat
 from kerastower._keras_compat.family import keras
 from kerastower.reduce import replica_setting, workers
-from kerastower.reduce.gradients import (
-    EagerStaticRows,
-    has_static_rows,
-    sum_gradients,
-    traced_static_rows,
-)
-from kerastower.step import checks, coupled_loss, layer_updates
+from kerastower.reduce.gradients import EagerStaticRows, traced_static_rows
+from kerastower.step import checks, coupled_loss, layer_updates, tower_body
 from kerastower.step.plan import ONE_DEVICE, StepPlan
-from kerastower.step.shards import (
-    concat_nest,
-    first_leaf,
-    masks_of,
-    with_masks,
-)
+from kerastower.step.shards import first_leaf, with_masks
 from kerastower.step.step_loss import StepLoss
 from kerastower.step.tower_runs import TowerRuns
 
@@ -113,11 +103,7 @@ class TowerStep:
         accumulator = plan.accumulator
         static_rows: set[int] = set()
 
-        def loss_fn(shard):
-            tx, ty, tsw = shard
-            y_pred = _keras_compat.forward(model, tx, training=True)
-            return self.loss.compute(tx, ty, y_pred, tsw, training=True), y_pred
-
+        loss_fn = tower_body.model_loss(model, self.loss)
         if plan.towers == ONE_DEVICE:
             with tf.device(model.tower_devices[0]):
                 gradients, loss, y_pred = self.one_device_gradients(
@@ -174,12 +160,11 @@ class TowerStep:
             else:
                 model.optimizer.apply_gradients(zip(gradients, trainable))
 
-        def update_metrics():
+        with workers.MetricsOverWorkers(model) as over:
             # Keras 2's compiled loss updates ``loss`` itself (`StepLoss`).
             _keras_compat.track_step_loss(model, loss, batch_size)
-            return model.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
-
-        return workers.metric_results_over_workers(self.model, update_metrics)
+            logs = model.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
+        return over.logs(logs)
 
     def test(self, data, plan: StepPlan) -> dict:
         """One evaluation step on the global batch `data`, run as `plan`
@@ -190,30 +175,20 @@ class TowerStep:
         variables, replicas = replica_setting.inference_reads(
             self.replicas, model.trainable_weights
         )
-
-        def tower_fn(shard, weight, losses):
-            tx, ty, tsw = shard
-            with layer_updates.tower_reads(model, variables, state, replicas):
-                y_pred = _keras_compat.forward(model, tx, training=False)
-                loss, per_output = self.loss.tower_loss(
-                    tx, ty, y_pred, tsw, weight, losses, training=False
-                )
-            return (), loss, y_pred, per_output, masks_of(y_pred)
-
         with layer_updates.step_state(model, training=False) as state:
+            body = tower_body.Evaluation(model, state, variables, replicas, self.loss)
             (loss, y_pred, per_output, masks), _ = self.runs.split_run(
-                tower_fn, self.loss.combine, (x, y, sample_weight), plan, state
+                body, (x, y, sample_weight), plan
             )
         y_pred = with_masks(y_pred, masks)
         loss = workers.sum_over_workers(self.model, loss)
         self.loss.update_metrics(per_output, y_pred)
 
-        def update_metrics():
+        with workers.MetricsOverWorkers(model) as over:
             batch_size = tf.shape(first_leaf(x))[0]
             _keras_compat.track_step_loss(model, loss, batch_size)
-            return model.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
-
-        return workers.metric_results_over_workers(self.model, update_metrics)
+            logs = model.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
+        return over.logs(logs)
 
     def predict(self, data, plan: StepPlan):
         """Predictions for the global batch `data`, in input order, run as
@@ -223,13 +198,9 @@ class TowerStep:
         variables, replicas = replica_setting.inference_reads(
             self.replicas, self.model.trainable_weights
         )
-
-        def tower_fn(shard, weight, losses):
-            with layer_updates.tower_reads(self.model, variables, state, replicas):
-                return _keras_compat.forward(self.model, shard, training=False)
-
         with layer_updates.step_state(self.model, training=False) as state:
-            y_pred, _ = self.runs.split_run(tower_fn, concat_nest, x, plan, state)
+            body = tower_body.Prediction(self.model, state, variables, replicas)
+            y_pred, _ = self.runs.split_run(body, x, plan)
         return y_pred
 
     # -- gradients ----------------------------------------------------------
@@ -272,53 +243,22 @@ class TowerStep:
         """
         replicas = plan.replicas
         checks.check_no_overwritten_gradients(self.model, variables)
-        connected: list[int] = []
-        rows_inside: dict[int, bool] = {}
-
-        def tower_fn(shard, weight, losses):
-            with tf.GradientTape() as tape:
-                with layer_updates.tower_reads(
-                    self.model, variables, state, replicas
-                ) as read:
-                    # A tower traced once reads its replicas as inputs.
-                    tape.watch([r for r in read if isinstance(r, tf.Tensor)])
-                    loss, outputs = loss_fn(shard)
-                    loss, per_output = self.loss.weigh(loss, weight, losses)
-                    scaled = loss if scale_loss is None else scale_loss(loss)
-            grads = tape.gradient(scaled, read)
-            connected[:] = [j for j, g in enumerate(grads) if g is not None]
-            for j in connected:  # inside the tower: a traced call hides it
-                rows_inside[j] = rows_inside.get(j, True) and has_static_rows(
-                    [grads[j]]
-                )
-            return (
-                [grads[j] for j in connected],
-                loss,
-                outputs,
-                per_output,
-                masks_of(outputs),
-            )
-
-        static_rows: dict[int, bool] = {}
-        traced = self.eager_static_rows(loss_fn, variables, data)
-
-        def combine(per_tower):
-            loss, outputs, per_output, masks = self.loss.combine(per_tower)
-            for j in connected:  # both branches must agree
-                rows = rows_inside[j] if traced is None else j in traced
-                static_rows[j] = static_rows.get(j, True) and rows
-            grads = [t[0] for t in per_tower]
-            if replicas is None:
-                static = [static_rows[j] for j in connected]
-                grads = [sum_gradients(g, rows) for g, rows in zip(zip(*grads), static)]
-            else:  # all-reduced once, after both ways of running the batch
-                grads = replicas.every_tower(grads)
-            return grads, loss, outputs, per_output, masks
-
+        eager_rows = self.eager_static_rows(loss_fn, variables, data)
         with layer_updates.step_state(self.model, replicas) as state:
-            (grads, loss, outputs, per_output, masks), total = self.runs.split_run(
-                tower_fn, combine, data, plan, state
+            body = tower_body.Gradients(
+                self.model,
+                state,
+                variables,
+                replicas,
+                self.loss,
+                loss_fn,
+                scale_loss,
+                eager_rows,
             )
+            (grads, loss, outputs, per_output, masks), total = self.runs.split_run(
+                body, data, plan
+            )
+        connected, static_rows = body.connected, body.static_rows
         if replicas is not None:
             static = [static_rows[j] for j in connected]
             if update_replicas:  # `total`: every worker's examples

@@ -51,7 +51,7 @@ import tensorflow as tf
 
 from kerastower import _keras_compat
 from kerastower.reduce import keys
-from kerastower.reduce.towers import sum_by_dtype
+from kerastower.reduce.towers import TowerCollectives
 from kerastower.step.shards import tower_shards
 
 
@@ -75,46 +75,6 @@ def applies(model) -> bool:
     )
 
 
-class TowerCollectives:
-    """Sums a list of tensors over the calls of the traced tower.
-
-    One ``CollectiveReduceV2`` per dtype; the instance keys are numbered at
-    trace time, so every call of the function issues the same keys in the
-    same order, and the group (key and size) is an input of the call.
-
-    Args:
-        group_size: How many calls sum together, an int32 scalar tensor.
-        group_key: Their group's key, an int32 scalar tensor.
-        first_key: The first of the instance keys the function may use.
-    """
-
-    def __init__(self, group_size: tf.Tensor, group_key: tf.Tensor, first_key: int):
-        self.group_size = group_size
-        self.group_key = group_key
-        self.first_key = first_key
-        self.used = 0
-
-    def __call__(self, values: Sequence[tf.Tensor]) -> list[tf.Tensor]:
-        return sum_by_dtype(values, self._sum)
-
-    def _sum(self, flat: tf.Tensor) -> tf.Tensor:
-        if self.used >= keys.STEP_BLOCK:
-            raise RuntimeError(
-                f"A tower issued more than {keys.STEP_BLOCK} sums in one step."
-            )
-        summed = tf.raw_ops.CollectiveReduceV2(
-            input=flat,
-            group_size=self.group_size,
-            group_key=self.group_key,
-            instance_key=self.first_key + self.used,
-            ordering_token=[],
-            merge_op="Add",
-            final_op="Id",
-        )
-        self.used += 1
-        return summed
-
-
 def _unseen(value: Any) -> Any:
     """`value`, as a tensor whose value graph optimisation cannot see."""
     if value is None or isinstance(value, (tf.SparseTensor, tf.RaggedTensor)):
@@ -134,36 +94,38 @@ def _spec(value: Any) -> Any:
 
 def run(
     model,
-    tower_fn: Callable,
+    body: Callable,
+    frame: Any,
     data: Any,
     batch: tf.Tensor,
     total: tf.Tensor,
     replicated: Sequence[Sequence[Any]] | None = None,
 ) -> tuple[Callable, Callable]:
-    """Traces `tower_fn` once; returns the towers' and the one tower's runs.
+    """Traces `body` once; returns the towers' and the one tower's runs.
 
     Args:
         model: The `kerastower.TowerModel`.
-        tower_fn: ``tower_fn(shard, weight, sizes, replica_values)``, one
-            tower's step on its shard, weighted by its share ``n_i / B``
-            (float64) of the batch whose towers hold ``sizes`` examples each
-            (int32, ``(N,)``): traced once, inside a replica context whose
-            replica id is the calling tower's and whose all-reduce sums over
-            the calls. ``replica_values`` maps the ``id`` of each variable
-            of ``replicated[0]`` to the calling tower's value of it (an
-            input of the function), or is ``None`` without `replicated`.
+        body: A `kerastower.step.tower_body.TowerBody`: one tower's step on
+            its shard, weighted by its share ``n_i / B`` (float64) of the
+            batch, traced once inside a replica context whose replica id is
+            the calling tower's and whose all-reduce sums over the calls.
+        frame: The step's `kerastower.step.tower_context.TowerFrame`, whose
+            context (for towers of ``sizes`` examples each, an input of the
+            function) the body runs in.
         data: The global batch.
         batch: ``B``, int32.
         total: ``B``, float32 (this worker's examples).
         replicated: With replicas, each tower's replicated variables, tower
             0's (the model's own) first: tower ``i`` passes the values of
             ``replicated[i]``, read on its device, so that one trace serves
-            every tower's replicas.
+            every tower's replicas; the body gets them by ``id`` of tower
+            0's variable.
 
     Returns:
         ``(on_towers, on_one_tower)``: functions that call the traced tower
-        on every tower (a list of ``N`` results) or on the first tower with
-        the whole batch (a list of one result).
+        on every tower or on the first tower with the whole batch, and
+        return a list (of ``N`` or of one) of ``(result, updates)``: the
+        body's result and what the tower assigned (`body.traced_updates`).
     """
     towers = model.num_towers
     sizes, weights, shards = tower_shards(data, batch, total, towers)
@@ -172,7 +134,7 @@ def run(
 
     primaries = list(replicated[0]) if replicated else []
 
-    def body(shard, weight, tower, tower_sizes, group_size, group_key, values):
+    def traced_tower(shard, weight, tower, tower_sizes, group_size, group_key, values):
         collectives = TowerCollectives(group_size, group_key, first_key)
         replica_values = (
             {id(v): value for v, value in zip(primaries, values)}
@@ -180,10 +142,12 @@ def run(
             else None
         )
         with _keras_compat.tower_replica_context(strategy, tower, collectives):
-            return tower_fn(shard, weight, tower_sizes, replica_values)
+            with frame.towers(tower_sizes) as losses:
+                result = frame.call(body, shard, weight, losses, replica_values)
+            return result, body.traced_updates()
 
     function = tf.function(
-        body, autograph=False, experimental_attributes={"_noinline": True}
+        traced_tower, autograph=False, experimental_attributes={"_noinline": True}
     )
     int32 = tf.TensorSpec([], tf.int32)
     concrete = function.get_concrete_function(

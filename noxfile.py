@@ -414,7 +414,7 @@ def oldest_keras2(session: nox.Session) -> None:
 
 
 # Keras 3 on JAX: the oldest (Keras, jax) pair of the `jax` extra, which
-# kerastower/_jax_compat's ranges repeat. jax 0.11.2 ran on a GPU only
+# kerastower/_keras_compat/jax's ranges repeat. jax 0.11.2 ran on a GPU only
 # (bench/results/jax_gpu.json): this registry's newest jax is 0.10.2.
 JAX_PAIR = {"keras": "3.15.1", "jax": "0.10.2"}
 JAX_SUITES = ["tests/on_jax"]

@@ -45,8 +45,8 @@ _TENSORFLOW_ONLY = [
 if _startup.started_as_command():
     pass
 elif _startup.on_jax():
-    from kerastower import _jax_compat  # noqa: F401 - first: says what is missing
     from kerastower._errors import KerasCompatibilityError
+    from kerastower._keras_compat import jax as _jax_fence  # noqa: F401 - first: says what is missing
     from kerastower.on_jax import TowerModel
 
     __all__ = ["KerasCompatibilityError", "TowerModel", "__version__"]

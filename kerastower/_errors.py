@@ -1,7 +1,7 @@
 """The error of a Keras or TensorFlow that kerastower cannot run on.
 
 Its own module, imported by both backends' fences (`kerastower._keras_compat`
-on TensorFlow, `kerastower._jax_compat` on JAX) without either's imports.
+on TensorFlow, `kerastower._keras_compat.jax` on JAX) without either's imports.
 """
 
 from __future__ import annotations

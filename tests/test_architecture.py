@@ -21,7 +21,6 @@ LAYERS = [
     # The fence around private Keras and TensorFlow, and plain-Python helpers.
     [
         "kerastower._keras_compat.",
-        "kerastower._jax_compat.",
         "kerastower._errors",
         "kerastower._functional_variants",
         "kerastower.tower_choice",
@@ -67,7 +66,6 @@ ALLOWED_PRIVATE_READS = {
     # The fence: the one package that reads private Keras and TensorFlow
     # attributes, each checked against the installed version.
     "kerastower._keras_compat.": "the private-Keras fence",
-    "kerastower._jax_compat.": "the private-Keras fence on JAX",
     # Public names that begin with an underscore.
     "os._exit": "exits at once from the grace-period timer thread",
     "_fields": "namedtuple's public field list",
@@ -247,7 +245,7 @@ def test_the_circle_and_layer_checks_can_fail(monkeypatch):
 
 # What the JAX wing may import: itself and the plain-Python modules shared by
 # both backends. Nothing of TensorFlow's side, which a JAX install lacks.
-JAX_WING = ("kerastower.on_jax", "kerastower._jax_compat")
+JAX_WING = ("kerastower.on_jax", "kerastower._keras_compat.jax")
 SHARED = (
     "kerastower._errors",
     "kerastower._functional_variants",
@@ -276,7 +274,7 @@ def jax_wing_leaks(graph) -> list[str]:
 
 def test_the_jax_wing_and_tensorflow_side_do_not_import_each_other(monkeypatch):
     assert "kerastower.on_jax.model" in GRAPH  # the parser saw the wing
-    assert "kerastower._jax_compat" in GRAPH["kerastower.on_jax.model"]
+    assert "kerastower._keras_compat.jax" in GRAPH["kerastower.on_jax.model"]
     assert jax_wing_leaks(GRAPH) == []
     monkeypatch.setitem(GRAPH, "kerastower.on_jax.steps", {"kerastower.model"})
     monkeypatch.setitem(GRAPH, "kerastower.step.checks", {"kerastower.on_jax"})
@@ -368,7 +366,7 @@ def test_the_import_parser_sees_the_real_package():
         "kerastower.workers.launch": "kerastower.workers.group",
         "kerastower.cluster": "kerastower.workers.cluster",
         "kerastower.step.tower_step": "kerastower.reduce.gradients",
-        "kerastower.on_jax.model": "kerastower._jax_compat",
+        "kerastower.on_jax.model": "kerastower._keras_compat.jax",
         "kerastower.cli.command": "kerastower.cli.launch_command",
         "kerastower": "kerastower.model",
     }

@@ -1,8 +1,8 @@
 """The Keras fence: mirrored families, one interface, no family flag outside.
 
 `kerastower/_keras_compat/keras3/` and `keras2/` hold modules of the same
-names whose ``__all__`` lists the same names; the fence's ``__init__``
-re-exports them; no module outside the fence reads a capability flag (an
+names whose ``__all__`` lists the same names; the fence's ``interface``
+(which its ``__init__`` hands on, on TensorFlow) re-exports them; no module outside the fence reads a capability flag (an
 upper-case name such as ``KERAS_FAMILY``) or a family's variable class. Read
 from the source with `ast`, so that both families are checked whichever one
 is installed.
@@ -128,7 +128,7 @@ def test_the_families_mirror_each_other():
 
 
 def test_the_fence_exports_the_family_interface():
-    source = (FENCE / "__init__.py").read_text()
+    source = (FENCE / "interface.py").read_text()
     names = set(exported(source))
     assigned = defined(source)
     for module, module_source in family_modules("keras3").items():

@@ -16,7 +16,7 @@ import ast
 import pytest
 from test_architecture import MODULES
 
-FENCE = ("kerastower._keras_compat", "kerastower._jax_compat")
+FENCE = ("kerastower._keras_compat",)
 PARTS = ("EntryPoints", "TrainerHooks", "StepFunctionHooks")
 
 

@@ -268,7 +268,7 @@ def test_the_jax_range_is_the_declared_pair(noxfile):
         re.fullmatch(r'"(keras|jax)(>=.*)"', r.strip()).groups()
         for r in extra.group(1).split(", ")
     )
-    fence = (ROOT / "kerastower" / "_jax_compat" / "__init__.py").read_text()
+    fence = (ROOT / "kerastower" / "_keras_compat" / "jax" / "__init__.py").read_text()
     supported = dict(re.findall(r'^SUPPORTED_(KERAS|JAX) = "(.*)"$', fence, re.M))
     assert requirements == {
         "keras": supported["KERAS"],

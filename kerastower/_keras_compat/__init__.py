@@ -1,4 +1,4 @@
-"""The private Keras and TensorFlow hooks kerastower relies on, each checked.
+"""The private Keras, TensorFlow and JAX hooks kerastower relies on, each checked.
 
 Public Keras API is used wherever one exists. What has none (a loss's
 per-element values and mask, Keras's masking of sample weights) is reached
@@ -6,214 +6,35 @@ here and nowhere else, and each hook is checked once against the installed
 Keras: when Keras changes one, the user gets an error that names the hook
 and the Keras version, never a silently different model.
 
-The fence is one interface, laid out by backend:
+The fence is laid out by backend, one sibling folder each:
 
-- `keras3/` and `keras2/`: what differs between the Keras families, in
-  modules of the same names (`callbacks`, `layers`, `losses`, `optimizers`,
-  `trainer`) that export the same names (their ``__all__``; a test checks
-  the parity). `family` says which Keras is in use (Keras 3, or Keras 2:
-  `tf.keras` on TensorFlow 2.12 to 2.15, `tf_keras` after), and this module
-  exports that family's names. Code outside the fence asks the family
-  questions through them (``why_no_replicas()``, ``track_step_loss``) and
-  never branches on the family itself (a test checks).
+- `keras3/` and `keras2/`: what differs between the Keras families on
+  TensorFlow, in modules of the same names (`callbacks`, `layers`, `losses`,
+  `optimizers`, `trainer`) that export the same names (their ``__all__``; a
+  test checks the parity). `family` says which Keras is in use (Keras 3, or
+  Keras 2: `tf.keras` on TensorFlow 2.12 to 2.15, `tf_keras` after). Code
+  outside the fence asks the family questions (``why_no_replicas()``,
+  ``track_step_loss``) and never branches on the family itself (a test
+  checks).
 - `tensorflow/`: TensorFlow-private step machinery for either family:
   `collectives` (the multi-worker start-up), `tower_calls` (one traced tower
   function called on every device) and `xla` (XLA per tower).
-- Beside them, for either family: `errors` (the error and the supported
-  ranges), `step_functions` (Keras's ``make_*_function``), `metrics` (a
-  `Mean` of a batch scalar updated in a tower), `seeds` (Keras's global seed
-  generator in the towers' threads), `precision` and `checkpoints`; the
-  functional variants are plain Python (`kerastower._functional_variants`).
+- `jax/`: Keras 3 on JAX, which `kerastower.on_jax` imports itself; on JAX
+  neither TensorFlow nor the rest of the fence is loaded.
+- Beside them, for either Keras family on TensorFlow: `errors` (the error
+  and the supported ranges), `step_functions` (Keras's ``make_*_function``),
+  `metrics` (a `Mean` of a batch scalar updated in a tower), `seeds` (Keras's
+  global seed generator in the towers' threads), `precision` and
+  `checkpoints`; the functional variants are plain Python
+  (`kerastower._functional_variants`).
+
+On TensorFlow this package hands on the names of `interface`: one family's,
+with TensorFlow's machinery. A backend is one more folder, and its own line
+here.
 """
 
-import functools
+from kerastower import _installed_keras
 
-from kerastower._functional_variants import (
-    functional_variant as _functional_variant,
-)
-from kerastower._keras_compat.errors import (
-    SUPPORTED_KERAS,
-    SUPPORTED_TENSORFLOW,
-    KerasCompatibilityError,
-    _attribute,
-    _fail,
-)
-from kerastower._keras_compat.family import (
-    KERAS_FAMILY,
-    is_keras_class,
-    is_variable,
-)
-from kerastower._keras_compat.metrics import (
-    scalar_means_weighted,
-    weigh_scalar_means,
-)
-from kerastower._keras_compat.seeds import (
-    GlobalSeeds,
-    global_seeds,
-)
-from kerastower._keras_compat.step_functions import (
-    warn_once,
-    warnings_shown_at_build,
-)
-from kerastower._keras_compat.tensorflow.collectives import (
-    call_time_value,
-    check_prepared,
-    prepare_collective_ops,
-    runtime_started,
-    strategy_made_after_start,
-    strategy_num_workers,
-)
-from kerastower._keras_compat.tensorflow.tower_calls import (
-    call_with_captures,
-    calls_without_graph_optimizer,
-    keeps_functions_apart,
-    orders_calls_here,
-    run_independently,
-    tower_replica_context,
-)
-from kerastower._keras_compat.tensorflow.xla import (
-    compiled_in_towers,
-)
-
-if KERAS_FAMILY >= 3:
-    from kerastower._keras_compat.keras3 import callbacks as _callbacks
-    from kerastower._keras_compat.keras3 import layers as _layers
-    from kerastower._keras_compat.keras3 import losses as _losses
-    from kerastower._keras_compat.keras3 import optimizers as _optimizers
-    from kerastower._keras_compat.keras3 import trainer as _trainer
-else:
-    from kerastower._keras_compat.keras2 import callbacks as _callbacks
-    from kerastower._keras_compat.keras2 import layers as _layers
-    from kerastower._keras_compat.keras2 import losses as _losses
-    from kerastower._keras_compat.keras2 import optimizers as _optimizers
-    from kerastower._keras_compat.keras2 import trainer as _trainer
-
-CheckpointHooks = _callbacks.CheckpointHooks
-check_execution_steps = _callbacks.check_execution_steps
-is_remote_path = _callbacks.is_remote_path
-keras_files_hold_optimizer = _callbacks.keras_files_hold_optimizer
-learning_rate_slot = _callbacks.learning_rate_slot
-print_msg = _callbacks.print_msg
-set_initial_epoch = _callbacks.set_initial_epoch
-steps_per_execution = _callbacks.steps_per_execution
-
-activity_penalties_summed = _layers.activity_penalties_summed
-draws_per_traced_op = _layers.draws_per_traced_op
-freeze_spectral_update = _layers.freeze_spectral_update
-held_before_towers = _layers.held_before_towers
-is_spectral_normalization = _layers.is_spectral_normalization
-override_batch_norm_moments = _layers.override_batch_norm_moments
-restore_batch_norm = _layers.restore_batch_norm
-restore_spectral_update = _layers.restore_spectral_update
-spectral_update = _layers.spectral_update
-tower_assignments = _layers.tower_assignments
-unfused_batch_norm = _layers.unfused_batch_norm
-
-get_keras_mask = _losses.get_keras_mask
-loss_divisor = _losses.loss_divisor
-set_keras_mask = _losses.set_keras_mask
-
-build_optimizer = _optimizers.build_optimizer
-clone_optimizer = _optimizers.clone_optimizer
-why_no_replicas = _optimizers.why_no_replicas
-
-Functional = _trainer.Functional
-TrainerHooks = _trainer.TrainerHooks
-build_before_towers = _trainer.build_before_towers
-build_metrics = _trainer.build_metrics
-compiled_loss = _trainer.compiled_loss
-compiled_losses_replaced = _trainer.compiled_losses_replaced
-compute_loss = _trainer.compute_loss
-forward = _trainer.forward
-functional_init_arguments = _trainer.functional_init_arguments
-graph_of = _trainer.graph_of
-init_functional = _trainer.init_functional
-inner_layers = _trainer.inner_layers
-loss_metric_weight = _trainer.loss_metric_weight
-loss_scaler = _trainer.loss_scaler
-metrics_made_in_first_step = _trainer.metrics_made_in_first_step
-per_output_loss_metrics = _trainer.per_output_loss_metrics
-register_alias = _trainer.register_alias
-register_serializable = _trainer.register_serializable
-track_compiled_loss = _trainer.track_compiled_loss
-track_step_loss = _trainer.track_step_loss
-
-functional_variant = functools.partial(
-    _functional_variant, register_alias=register_alias
-)
-
-__all__ = [
-    "CheckpointHooks",
-    "Functional",
-    "GlobalSeeds",
-    "KERAS_FAMILY",
-    "KerasCompatibilityError",
-    "SUPPORTED_KERAS",
-    "SUPPORTED_TENSORFLOW",
-    "TrainerHooks",
-    "_attribute",
-    "_fail",
-    "activity_penalties_summed",
-    "build_before_towers",
-    "build_metrics",
-    "build_optimizer",
-    "call_time_value",
-    "call_with_captures",
-    "calls_without_graph_optimizer",
-    "check_execution_steps",
-    "check_prepared",
-    "clone_optimizer",
-    "compiled_in_towers",
-    "compiled_loss",
-    "compiled_losses_replaced",
-    "compute_loss",
-    "draws_per_traced_op",
-    "forward",
-    "freeze_spectral_update",
-    "functional_init_arguments",
-    "functional_variant",
-    "get_keras_mask",
-    "global_seeds",
-    "graph_of",
-    "held_before_towers",
-    "init_functional",
-    "inner_layers",
-    "is_keras_class",
-    "is_remote_path",
-    "is_spectral_normalization",
-    "is_variable",
-    "keeps_functions_apart",
-    "keras_files_hold_optimizer",
-    "learning_rate_slot",
-    "loss_divisor",
-    "loss_metric_weight",
-    "loss_scaler",
-    "metrics_made_in_first_step",
-    "orders_calls_here",
-    "override_batch_norm_moments",
-    "per_output_loss_metrics",
-    "prepare_collective_ops",
-    "print_msg",
-    "register_alias",
-    "register_serializable",
-    "restore_batch_norm",
-    "restore_spectral_update",
-    "run_independently",
-    "runtime_started",
-    "scalar_means_weighted",
-    "set_initial_epoch",
-    "set_keras_mask",
-    "spectral_update",
-    "steps_per_execution",
-    "strategy_made_after_start",
-    "strategy_num_workers",
-    "tower_assignments",
-    "tower_replica_context",
-    "track_compiled_loss",
-    "track_step_loss",
-    "unfused_batch_norm",
-    "warn_once",
-    "warnings_shown_at_build",
-    "weigh_scalar_means",
-    "why_no_replicas",
-]
+if _installed_keras.backend() != _installed_keras.JAX_BACKEND:
+    from kerastower._keras_compat.interface import *  # noqa: F403
+    from kerastower._keras_compat.interface import __all__  # noqa: F401

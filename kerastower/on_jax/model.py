@@ -8,7 +8,8 @@ from typing import Any
 import jax
 import keras
 
-from kerastower import _functional_variants, _jax_compat, tower_choice
+from kerastower import _functional_variants, tower_choice
+from kerastower._keras_compat import jax as jax_fence
 from kerastower.on_jax import steps
 from kerastower.on_jax.placement import Placement, device_name, resolve_devices
 
@@ -79,8 +80,8 @@ class TowerModel(keras.Model):
 
     def __new__(cls, *args: Any, **kwargs: Any):
         own_init = cls.__init__ is not TowerModel.__init__
-        functional = _jax_compat.functional_init_arguments(args, kwargs)
-        if functional and not own_init and not issubclass(cls, _jax_compat.Functional):
+        functional = jax_fence.functional_init_arguments(args, kwargs)
+        if functional and not own_init and not issubclass(cls, jax_fence.Functional):
             return super().__new__(_functional_class(cls, args))
         return super().__new__(cls)
 
@@ -109,11 +110,11 @@ class TowerModel(keras.Model):
         self.sync_batch_norm = True
         self.replicate_variables = replicate_variables
         self.global_batch_loss = bool(global_batch_loss)
-        functional = _jax_compat.functional_init_arguments(args, kwargs)
-        if functional and not isinstance(self, _jax_compat.Functional):
+        functional = jax_fence.functional_init_arguments(args, kwargs)
+        if functional and not isinstance(self, jax_fence.Functional):
             self.__class__ = _functional_class(type(self), args)
-        if isinstance(self, _jax_compat.Functional):
-            _jax_compat.init_functional(self, args, kwargs)
+        if isinstance(self, jax_fence.Functional):
+            jax_fence.init_functional(self, args, kwargs)
         else:
             super().__init__(*args, **kwargs)
 
@@ -188,7 +189,7 @@ class TowerModel(keras.Model):
             ValueError: If `model` has no graph of inputs and outputs (a
                 subclassed or unbuilt model).
         """
-        if not isinstance(model, _jax_compat.Functional):
+        if not isinstance(model, jax_fence.Functional):
             raise ValueError(
                 "`from_model` takes a built functional or `Sequential` model. "
                 f"Received: model={model!r} ({type(model).__name__})"
@@ -198,13 +199,13 @@ class TowerModel(keras.Model):
 
 
 @keras.saving.register_keras_serializable("kerastower")
-class FunctionalTowerModel(TowerModel, _jax_compat.Functional):
+class FunctionalTowerModel(TowerModel, jax_fence.Functional):
     """The class of ``TowerModel(inputs, outputs)``: a functional `TowerModel`."""
 
 
 def _functional_class(cls: type, args) -> type:
     return _functional_variants.functional_variant(
-        cls, FunctionalTowerModel, TowerModel, args, _jax_compat.register_alias
+        cls, FunctionalTowerModel, TowerModel, args, jax_fence.register_alias
     )
 
 

@@ -2,7 +2,7 @@
 the towers' mesh.
 
 Keras's JAX trainer calls a step function as ``function(state, iterator)``
-(`kerastower._jax_compat`); these run the model's ``train_step``,
+(`kerastower._keras_compat.jax`); these run the model's ``train_step``,
 ``test_step`` or ``predict_step`` (Keras's, or a subclass's own) with the
 variables replicated and each batch laid out by `Placement.batch`, compiled
 by `jax.jit` with the new variables kept replicated (``out_shardings``).

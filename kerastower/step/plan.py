@@ -44,6 +44,8 @@ class StepPlan:
         accumulator: The `kerastower.reduce.accumulation.GradientWindow`
             that a training step adds its gradients to instead of applying
             them, or ``None``.
+        shown_warnings: The warnings already shown when the model was built
+            for its steps, which the step's trace does not show again.
     """
 
     towers: str
@@ -51,6 +53,7 @@ class StepPlan:
     workers: int = 1
     xla: bool = False
     accumulator: Any = None
+    shown_warnings: frozenset = frozenset()
 
     @classmethod
     def of(
@@ -87,6 +90,7 @@ class StepPlan:
             workers=workers,
             xla=bool(model.jit_compile) and traced,
             accumulator=accumulator,
+            shown_warnings=_keras_compat.warnings_shown_at_build(model),
         )
 
     @property

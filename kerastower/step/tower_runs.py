@@ -134,7 +134,7 @@ class TowerRuns:
                 result = tf.cond(batch >= model.num_towers, on_towers, on_one_tower)
         _keras_compat.warn_once(
             one_tower_warnings[0] if one_tower_warnings else caught,
-            _keras_compat.warnings_shown_at_build(model),
+            plan.shown_warnings,
         )
         return result, total
 

@@ -15,7 +15,10 @@ Setups: ``plain`` (a `keras.Model` on one device), ``towerN``
 (`kerastower.TowerModel` over ``N`` logical CPUs, synchronised
 `BatchNormalization`, the default), ``replicasN`` (the same with
 ``replicate_variables=True``, the default where the towers are GPUs),
-``xlaN`` (the same with ``jit_compile=True``) and ``mirrored4`` (stock
+``xlaN`` (the same with ``jit_compile=True``), ``copies4`` and
+``copies_replicas4`` (the default and the replicas path as they ran before
+the tower was traced once: one copy of the tower traced per tower, the
+baseline their steady step is held to) and ``mirrored4`` (stock
 `tf.distribute.MirroredStrategy` over 4 logical CPUs, unsynchronised
 `BatchNormalization`). Models: ``resnet50`` and ``densenet121``
 (`keras.applications`, 32x32x3 inputs, 5 classes, no weights), ``transformer``
@@ -53,6 +56,8 @@ SETUPS = (
     "replicas4",
     "replicas8",
     "xla4",
+    "copies4",
+    "copies_replicas4",
     "mirrored4",
 )
 # A setup's name: its kind, then its number of towers.
@@ -60,7 +65,11 @@ _TOWER_OPTIONS = {
     "tower": {},
     "replicas": {"replicate_variables": True},
     "xla": {"jit_compile": True},
+    "copies": {},
+    "copies_replicas": {"replicate_variables": True},
 }
+# Setups whose towers are traced one copy each, as before the trace once.
+_COPIES = ("copies", "copies_replicas")
 BATCH = 8
 STEADY_STEPS = 10
 LOGICAL_DEVICES = 8
@@ -122,6 +131,10 @@ def _child(model_name: str, setup: str) -> None:
     else:
         model, x, y = build(model_name)
         kind = setup.rstrip("0123456789")
+        if kind in _COPIES:
+            from kerastower.step import traced_towers
+
+            traced_towers.applies = lambda model: False  # the plan makes copies
         if kind in _TOWER_OPTIONS:
             towers = int(setup[len(kind) :])
             model = kerastower.TowerModel.from_model(

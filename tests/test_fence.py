@@ -2,8 +2,9 @@
 
 `kerastower/_keras_compat/keras3/` and `keras2/` hold modules of the same
 names whose ``__all__`` lists the same names; the fence's ``interface``
-(which its ``__init__`` hands on, on TensorFlow) re-exports them; no module outside the fence reads a capability flag (an
-upper-case name such as ``KERAS_FAMILY``) or a family's variable class. Read
+(which its ``__init__`` hands on, on TensorFlow) re-exports them; no module
+outside the fence reads a capability flag (an upper-case name such as
+``KERAS_FAMILY``) or a family's variable class. Read
 from the source with `ast`, so that both families are checked whichever one
 is installed.
 """

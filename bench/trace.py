@@ -15,7 +15,9 @@ Setups: ``plain`` (a `keras.Model` on one device), ``towerN``
 (`kerastower.TowerModel` over ``N`` logical CPUs, synchronised
 `BatchNormalization`, the default), ``replicasN`` (the same with
 ``replicate_variables=True``, the default where the towers are GPUs),
-``xlaN`` (the same with ``jit_compile=True``), ``copies4`` and
+``xlaN`` (the same with ``jit_compile=True``), ``workersN`` (``N``
+towers over 2 local workers, `kerastower launch`, each training on its half
+of the global batch; the chief's times), ``copies4`` and
 ``copies_replicas4`` (the default and the replicas path as they ran before
 the tower was traced once: one copy of the tower traced per tower, the
 baseline their steady step is held to) and ``mirrored4`` (stock
@@ -56,6 +58,7 @@ SETUPS = (
     "replicas4",
     "replicas8",
     "xla4",
+    "workers4",
     "copies4",
     "copies_replicas4",
     "mirrored4",
@@ -65,11 +68,14 @@ _TOWER_OPTIONS = {
     "tower": {},
     "replicas": {"replicate_variables": True},
     "xla": {"jit_compile": True},
+    "workers": {},
     "copies": {},
     "copies_replicas": {"replicate_variables": True},
 }
 # Setups whose towers are traced one copy each, as before the trace once.
 _COPIES = ("copies", "copies_replicas")
+# ``workersN``: N towers over this many local workers (`kerastower launch`).
+WORKERS = 2
 BATCH = 8
 STEADY_STEPS = 10
 LOGICAL_DEVICES = 8
@@ -119,7 +125,9 @@ def _child(model_name: str, setup: str) -> None:
 
     import kerastower
 
-    kerastower.configure_logical_devices(LOGICAL_DEVICES)
+    kind = setup.rstrip("0123456789")
+    if kind != "workers":  # a worker's logical CPUs are the launcher's
+        kerastower.configure_logical_devices(LOGICAL_DEVICES)
     keras.utils.set_random_seed(0)
     loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
     started = time.perf_counter()
@@ -130,19 +138,24 @@ def _child(model_name: str, setup: str) -> None:
             model.compile(optimizer="sgd", loss=loss)
     else:
         model, x, y = build(model_name)
-        kind = setup.rstrip("0123456789")
         if kind in _COPIES:
             from kerastower.step import traced_towers
 
             traced_towers.applies = lambda model: False  # the plan makes copies
         if kind in _TOWER_OPTIONS:
             towers = int(setup[len(kind) :])
+            if kind == "workers":  # each worker trains on its part of the batch
+                towers //= WORKERS
+                part = len(x) // WORKERS
+                rows = slice(kerastower.worker_index() * part, None)
+                x, y = x[rows][:part], y[rows][:part]
             model = kerastower.TowerModel.from_model(
                 model, towers=towers, **_TOWER_OPTIONS[kind]
             )
         model.compile(optimizer="sgd", loss=loss)
     built = time.perf_counter()
-    model.fit(x, y, batch_size=BATCH, epochs=1, verbose=0)
+    batch = len(x)  # BATCH, or one worker's part of it
+    model.fit(x, y, batch_size=batch, epochs=1, verbose=0)
     first = time.perf_counter()
     ends: list[float] = []
     batch_ends = keras.callbacks.LambdaCallback(
@@ -150,7 +163,7 @@ def _child(model_name: str, setup: str) -> None:
     )
     copies = STEADY_STEPS + 1
     x, y = np.concatenate([x] * copies), np.concatenate([y] * copies)
-    model.fit(x, y, batch_size=BATCH, epochs=1, verbose=0, callbacks=[batch_ends])
+    model.fit(x, y, batch_size=batch, epochs=1, verbose=0, callbacks=[batch_ends])
     steady = np.diff(ends)
     row = {
         "model": model_name,
@@ -165,8 +178,13 @@ def _child(model_name: str, setup: str) -> None:
 def measure(model_name: str, setup: str) -> dict[str, Any]:
     """Runs `setup` of `model_name` in a fresh process and returns its row."""
     command = [sys.executable, "-m", "bench.trace", "--child", model_name, setup]
+    if setup.startswith("workers"):
+        towers = int(setup[len("workers") :]) // WORKERS
+        launcher = [sys.executable, "-m", "kerastower", "launch", "-n", str(WORKERS)]
+        command = [*launcher, "--towers", str(towers), "-m", *command[2:]]
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
     for line in done.stdout.splitlines():
+        line = line.removeprefix("[worker 0] ")  # the chief's, on workers
         if line.startswith("RESULT "):
             return json.loads(line[len("RESULT ") :])
     tail = (done.stderr or done.stdout).strip().splitlines()[-3:]

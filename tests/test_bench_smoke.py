@@ -203,6 +203,16 @@ def test_trace_ratios_are_over_the_plain_model_of_the_same_run():
 
 
 @pytest.mark.slow
+def test_trace_times_the_chief_of_two_local_workers():
+    from bench import trace
+
+    row = trace.measure("convbn", "workers4")
+    assert "error" not in row, row
+    # The chief times its own fit: 2 towers on its half of the global batch.
+    assert row["first_step_s"] > row["steady_step_s"] > 0, row
+
+
+@pytest.mark.slow
 def test_gather_quick_run_times_the_three_variants(tmp_path):
     process = run_bench("bench.gather", "--quick", "--out", str(tmp_path))
     assert process.returncode == 0, process.stderr[-3000:]

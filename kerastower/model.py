@@ -14,7 +14,7 @@ from kerastower import devices as devices_lib
 from kerastower._keras_compat import Functional, functional_init_arguments
 from kerastower._keras_compat.family import keras
 from kerastower.entry_points import EntryPoints
-from kerastower.reduce import replica_setting, workers
+from kerastower.reduce import keys, replica_setting, workers
 from kerastower.reduce.accumulation import GradientWindow
 from kerastower.reduce.replicas import Replicas
 from kerastower.reduce.ring import AllReduceOptions
@@ -242,6 +242,14 @@ class TowerModel(EntryPoints, _keras_compat.TrainerHooks, keras.Model):
     @property
     def _tower_train_step(self):
         return TowerModel.train_step
+
+    def _prepare_step_variables(self) -> None:
+        """Makes, before a step traces, the variables its trace would make:
+        the counter of the instance keys new at every run, which the
+        replicas' ring takes for sparse rows and on several workers
+        (`kerastower.reduce.keys.run_key`)."""
+        if self.num_towers > 1 or self.num_workers > 1:
+            keys.prepare_run_keys()
 
     def _step_optimised_once(self, step: str) -> bool:
         """Whether Keras's function for `step` ("train_step", ...) gets one

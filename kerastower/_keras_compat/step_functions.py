@@ -5,8 +5,9 @@ traces the step in it. With towers, XLA compiles each tower instead of the
 whole step (`kerastower._keras_compat.tensorflow.xla`), and a step that calls its towers
 traced once gets one round of Grappler (`tower_calls.OptimisedOnce`). A step
 traces the model once per tower: `warn_once` keeps its warnings to one each.
-Keras's global seed generator is prepared for the towers before the step
-traces (`seeds.prepare_global_seeds`).
+Keras's global seed generator, and the model's own variables of its steps
+(``_prepare_step_variables``), are made before the step traces
+(`seeds.prepare_global_seeds`).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ class StepFunctionHooks:
     # What the model that mixes this in provides (`TowerModel`).
     num_towers: int
     _step_optimised_once: Callable[[str], bool]
+    _prepare_step_variables: Callable[[], None]
 
     # With towers, XLA compiles each tower (`xla.compiled_in_towers`), not
     # the step that holds them all.
@@ -66,6 +68,7 @@ class StepFunctionHooks:
         # Before Keras traces the step: a variable made while tracing would
         # make it trace twice.
         seeds.prepare_global_seeds()
+        self._prepare_step_variables()
         if self.num_towers > 1:
             return xla.functions_without_xla(self)
         return contextlib.nullcontext()

@@ -3,7 +3,7 @@
 TensorFlow's collective ops (``CollectiveReduceV2``) meet by key: every member
 of a group issues a collective with the same ``group_key`` and
 ``instance_key``, and two collectives of one process must not share an
-instance key within a group. kerastower issues two kinds, both keyed here:
+instance key within a group. kerastower issues three kinds, all keyed here:
 
 - the sums over the workers' first towers inside a step
   (`kerastower.reduce.towers.TowerSum`): one group, `WORKERS_GROUP_KEY`, one
@@ -15,6 +15,14 @@ instance key within a group. kerastower issues two kinds, both keyed here:
   (the predictions gathered for ``global_batch_loss``, in a shorter last
   batch) reserves its block anew at every call, as
   `MultiWorkerMirroredStrategy` takes a new key for each collective;
+- the sums over the calls of a tower traced once
+  (`kerastower.reduce.towers.TowerCollectives`): one group per set of tower
+  devices (`group_key`), the instance keys reserved once per trace; where
+  the sums change shape with the batch (the predictions gathered for
+  ``global_batch_loss``), one group per set of devices and batch size
+  (`batch_group_key`), so that each group's keys keep one shape and new
+  keys are not taken at every run (TensorFlow keeps every key it has seen:
+  a key per run grew a process by 5 KB a step);
 - the ring all-reduces and all-gathers of the replicas
   (`kerastower.reduce.ring`): one group per set of tower devices
   (`group_key`), one key per all-reduce; a gather of sparse gradient rows,
@@ -36,6 +44,11 @@ from kerastower import _keras_compat
 
 WORKERS_GROUP_KEY = 0x6B740001
 _FIRST_DEVICE_GROUP_KEY = 0x6B741000
+# Groups of a set of devices and a batch size (`batch_group_key`): keys in
+# [2**28, 2**29), apart from TensorFlow's (from 1) and the ones above.
+BATCH_GROUPS = 1 << 28
+MAX_GROUP_BATCH = 1 << 20
+MAX_BATCH_GROUP_SETS = 1 << 8
 _FIRST_INSTANCE_KEY = 1 << 20
 # The most sums over the workers one step may issue. A traced step reserves
 # as many keys per call as it issues; an eager step reserves the whole block.
@@ -58,6 +71,40 @@ def group_key(devices: Sequence[str]) -> int:
     if members not in _device_groups:
         _device_groups[members] = _FIRST_DEVICE_GROUP_KEY + len(_device_groups)
     return _device_groups[members]
+
+
+def batch_group_key(devices: Sequence[str], batch: tf.Tensor) -> tf.Tensor:
+    """The group key of collectives over `devices` whose shapes follow `batch`.
+
+    One group per set of devices (as `group_key`) and batch size ``B``:
+    ``BATCH_GROUPS + d * MAX_GROUP_BATCH + B`` for the ``d``-th set, so that
+    a group's instance keys always sum the same shapes.
+
+    Args:
+        devices: The device of each member, in order.
+        batch: ``B``, an int32 scalar tensor, below `MAX_GROUP_BATCH`.
+
+    Raises:
+        RuntimeError: If more than `MAX_BATCH_GROUP_SETS` sets of devices
+            took batch groups.
+        tf.errors.InvalidArgumentError: When run, if ``B`` is not below
+            `MAX_GROUP_BATCH`.
+    """
+    index = group_key(devices) - _FIRST_DEVICE_GROUP_KEY
+    if index >= MAX_BATCH_GROUP_SETS:
+        raise RuntimeError(
+            f"More than {MAX_BATCH_GROUP_SETS} sets of tower devices gathered "
+            "batches; kerastower.reduce.keys.MAX_BATCH_GROUP_SETS must grow."
+        )
+    batch = tf.convert_to_tensor(batch, tf.int32)
+    checked = tf.debugging.assert_less(
+        batch,
+        MAX_GROUP_BATCH,
+        message=f"`global_batch_loss` gathers batches of fewer than "
+        f"{MAX_GROUP_BATCH} examples per tower group",
+    )
+    with tf.control_dependencies([checked]):
+        return BATCH_GROUPS + index * MAX_GROUP_BATCH + batch
 
 
 def reserve(count: int = 1) -> int:
@@ -90,6 +137,19 @@ RUN_KEYS = 1 << 29
 _run_keys: list = []  # [first key, counter variable], made by `run_key`
 
 
+def prepare_run_keys() -> None:
+    """Makes `run_key`'s counter and reserves its keys, once per process.
+
+    Call it eagerly before a step that takes run keys traces (`TowerModel`
+    does, before Keras makes its step functions): a variable made while a
+    `tf.function` traces makes it trace twice.
+    """
+    if not _run_keys:
+        with tf.init_scope(), tf.device("/CPU:0"):
+            counter = tf.Variable(0, dtype=tf.int32, trainable=False, name="run_key")
+            _run_keys.extend([reserve(RUN_KEYS), counter])
+
+
 def run_key() -> tf.Tensor:
     """An instance key that is new at every run of the op that makes it.
 
@@ -97,13 +157,10 @@ def run_key() -> tf.Tensor:
     gathered from each tower's batch): a traced step that runs it several
     times in one call (``steps_per_execution``) takes a new key each time,
     unlike `StepBlock`'s. A process-wide counter on the CPU counts the runs
-    in a block of `RUN_KEYS` keys, reserved at the first use; after
-    `RUN_KEYS` runs the keys come round again.
+    in a block of `RUN_KEYS` keys, reserved at the first use
+    (`prepare_run_keys`); after `RUN_KEYS` runs the keys come round again.
     """
-    if not _run_keys:
-        with tf.init_scope(), tf.device("/CPU:0"):
-            counter = tf.Variable(0, dtype=tf.int32, trainable=False, name="run_key")
-            _run_keys.extend([reserve(RUN_KEYS), counter])
+    prepare_run_keys()
     first, counter = _run_keys
     with tf.device("/CPU:0"):
         runs = counter.assign_add(1, read_value=True)

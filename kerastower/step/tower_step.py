@@ -10,8 +10,8 @@ A step, top to bottom (`TowerStep.train`):
    (`kerastower.step.loss_weighting`), with `BatchNormalization` statistics
    of the global batch (`kerastower.step.batch_norm`), and takes its
    gradients: one function traced once and called on every tower's device
-   (`kerastower.step.traced_towers`), or, with XLA, several workers or
-   ``global_batch_loss``, one copy per tower inside
+   (`kerastower.step.traced_towers`), or, with XLA or several workers, one
+   copy per tower inside
    `tf.distribute.Strategy.run`.
 3. The towers' gradients are summed into the one-device gradient
    (`kerastower.reduce.gradients.sum_gradients`), summed over workers when there are

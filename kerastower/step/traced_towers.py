@@ -19,7 +19,11 @@ it makes the model's assignments) is now an input:
 - the sums over the towers (`BatchNormalization`'s moments, the losses'
   divisors) are ``CollectiveReduceV2`` ops inside the function, over the
   calls that run together: ``members`` of them, in the group of their
-  devices (`kerastower.reduce.keys.group_key`);
+  devices (`kerastower.reduce.keys.group_key`); with ``global_batch_loss``,
+  whose gathered predictions (a sum of ``B`` rows,
+  `kerastower.reduce.towers.gather_over_towers`) change shape with the
+  batch while an instance key keeps the shape it first summed, in one group
+  per batch size (`kerastower.reduce.keys.batch_group_key`);
 - with replicas, the values of its replicas, read on its device (tower 0's
   are the model's own variables): the function differentiates them as
   inputs, and the replicas' updates stay outside it;
@@ -58,19 +62,16 @@ from kerastower.step.shards import tower_shards
 def applies(model) -> bool:
     """Whether a traced step of `model` runs its towers as one function.
 
-    Towers are traced once on one worker, without XLA and
-    without ``global_batch_loss`` (whose gathered batch changes shape with
-    the batch, and a collective's instance key keeps the shape it first
-    summed) and without Keras 2's random layers (whose ops keep the seed
-    they were traced with); the other settings trace one copy per tower, as
-    does TensorFlow 2.12, whose functions cannot be kept from inlining.
+    Towers are traced once on one worker, without XLA and without Keras
+    2's random layers (whose ops keep the seed they were traced with); the
+    other settings trace one copy per tower, as does TensorFlow 2.12, whose
+    functions cannot be kept from inlining.
     """
     return (
         _keras_compat.keeps_functions_apart()
         and model.num_towers > 1
         and model.num_workers == 1
         and not model.jit_compile
-        and not model.global_batch_loss
         and not _keras_compat.draws_per_traced_op(_keras_compat.inner_layers(model))
     )
 
@@ -162,6 +163,8 @@ def run(
 
     def call(tower, shard, weight, tower_sizes, members):
         group = keys.group_key(model.tower_devices[:members])
+        if model.global_batch_loss:  # sums whose shapes follow the batch
+            group = keys.batch_group_key(model.tower_devices[:members], batch)
         device = model.tower_devices[tower]
         with tf.device(device):  # each tower reads its replicas where they are
             values = (

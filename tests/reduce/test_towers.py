@@ -64,6 +64,26 @@ def test_keys_are_reserved_once_and_groups_are_stable():
         keys.reserve(0)
 
 
+def test_batch_groups_are_one_per_device_set_and_batch_size():
+    # `global_batch_loss`'s gathered predictions change shape with the batch;
+    # each batch size gets a group of its own instead of new instance keys
+    # at every run (which grew a process by 5 KB a step).
+    pair = ["/device:CPU:0", "/device:CPU:1"]
+    three = ["/device:CPU:0", "/device:CPU:1", "/device:CPU:2"]
+    groups = {
+        (len(devices), batch): int(keys.batch_group_key(devices, tf.constant(batch)))
+        for devices in (pair, three)
+        for batch in (1, 7, 8, keys.MAX_GROUP_BATCH - 1)
+    }
+    assert len(set(groups.values())) == len(groups)
+    assert int(keys.batch_group_key(list(pair), tf.constant(7))) == groups[(2, 7)]
+    plain = {keys.group_key(pair), keys.group_key(three), keys.WORKERS_GROUP_KEY}
+    assert not plain & set(groups.values())
+    assert all(keys.BATCH_GROUPS <= g < 2 * keys.BATCH_GROUPS for g in groups.values())
+    with pytest.raises(tf.errors.InvalidArgumentError, match="fewer than"):
+        keys.batch_group_key(pair, tf.constant(keys.MAX_GROUP_BATCH))
+
+
 def _conv_bn_stack(depth: int) -> keras.Model:
     x = inputs = keras.Input((4, 4, 2))
     for _ in range(depth):

@@ -5,9 +5,9 @@ traces the step in it. With towers, XLA compiles each tower instead of the
 whole step (`kerastower._keras_compat.tensorflow.xla`), and a step that calls its towers
 traced once gets one round of Grappler (`tower_calls.OptimisedOnce`). A step
 traces the model once per tower: `warn_once` keeps its warnings to one each.
-Keras's global seed generator, and the model's own variables of its steps
-(``_prepare_step_variables``), are made before the step traces
-(`seeds.prepare_global_seeds`).
+Keras's global seed generator (`seeds.prepare_global_seeds`) and the
+variables the model's steps would make while tracing
+(``_prepare_step_variables``) are made before the step traces.
 """
 
 from __future__ import annotations

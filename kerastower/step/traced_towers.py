@@ -161,10 +161,20 @@ def run(
         [tf.TensorSpec(v.shape, v.dtype) for v in primaries],
     )
 
+    # The groups of the calls that run together: every tower, or the first
+    # alone; with `global_batch_loss`, whose sums follow the batch, one per
+    # batch size too (made once for the step, not once per call).
+    groups = {
+        members: (
+            keys.batch_group_key(model.tower_devices[:members], batch)
+            if model.global_batch_loss
+            else keys.group_key(model.tower_devices[:members])
+        )
+        for members in (towers, 1)
+    }
+
     def call(tower, shard, weight, tower_sizes, members):
-        group = keys.group_key(model.tower_devices[:members])
-        if model.global_batch_loss:  # sums whose shapes follow the batch
-            group = keys.batch_group_key(model.tower_devices[:members], batch)
+        group = groups[members]
         device = model.tower_devices[tower]
         with tf.device(device):  # each tower reads its replicas where they are
             values = (

@@ -74,8 +74,9 @@ def test_every_step_traces_the_model_once_for_all_towers(run, one_device, built)
     # With replicas (the GPU default) too: each tower passes its replicas'
     # values to the one trace.
     assert traces(run, replicate_variables=True) == built + 1
-    # With `global_batch_loss`, whose gathered predictions take new instance
-    # keys at every run (and the step no second trace for the keys' counter).
+    # With `global_batch_loss`, whose gathered predictions sum in a group of
+    # their batch size (and no second trace of the step: the run keys'
+    # counter is made before it traces).
     assert traces(run, global_batch_loss=True) == built + 1
 
 

@@ -26,8 +26,10 @@ instance key within a group. kerastower issues three kinds, all keyed here:
 - the ring all-reduces and all-gathers of the replicas
   (`kerastower.reduce.ring`): one group per set of tower devices
   (`group_key`), one key per all-reduce; a gather of sparse gradient rows,
-  whose count changes with the batch, takes a new key at every run
-  (`run_key`), also between the steps of one call.
+  whose count changes with the batch, pads them to a bucket of row counts
+  and gathers in one group per set of devices and bucket (`rows_group`),
+  with the trace's keys. Over several workers, whose step branches must
+  agree, every ring collective takes a new key at every run (`run_key`).
 
 Every process traces its steps in the same order, so the keys agree across
 workers. TensorFlow's own strategies number their groups up from 1: ours
@@ -49,6 +51,12 @@ _FIRST_DEVICE_GROUP_KEY = 0x6B741000
 BATCH_GROUPS = 1 << 28
 MAX_GROUP_BATCH = 1 << 20
 MAX_BATCH_GROUP_SETS = 1 << 8
+# Groups of a set of devices and a bucket of row counts (`rows_group`): keys
+# in [2**29, 2**29 + MAX_BATCH_GROUP_SETS * ROW_BUCKETS).
+ROWS_GROUPS = 1 << 29
+ROW_BUCKETS = 1 << 12
+_EXACT_ROWS = 128  # row counts below this are buckets of their own
+_BUCKETS_PER_OCTAVE = 64
 _FIRST_INSTANCE_KEY = 1 << 20
 # The most sums over the workers one step may issue. A traced step reserves
 # as many keys per call as it issues; an eager step reserves the whole block.
@@ -90,12 +98,7 @@ def batch_group_key(devices: Sequence[str], batch: tf.Tensor) -> tf.Tensor:
         tf.errors.InvalidArgumentError: When run, if ``B`` is not below
             `MAX_GROUP_BATCH`.
     """
-    index = group_key(devices) - _FIRST_DEVICE_GROUP_KEY
-    if index >= MAX_BATCH_GROUP_SETS:
-        raise RuntimeError(
-            f"More than {MAX_BATCH_GROUP_SETS} sets of tower devices gathered "
-            "batches; kerastower.reduce.keys.MAX_BATCH_GROUP_SETS must grow."
-        )
+    index = _set_index(devices)
     batch = tf.convert_to_tensor(batch, tf.int32)
     checked = tf.debugging.assert_less(
         batch,
@@ -105,6 +108,78 @@ def batch_group_key(devices: Sequence[str], batch: tf.Tensor) -> tf.Tensor:
     )
     with tf.control_dependencies([checked]):
         return BATCH_GROUPS + index * MAX_GROUP_BATCH + batch
+
+
+def _set_index(devices: Sequence[str]) -> int:
+    """The index of `devices` among the sets of devices that took groups."""
+    index = group_key(devices) - _FIRST_DEVICE_GROUP_KEY
+    if index >= MAX_BATCH_GROUP_SETS:
+        raise RuntimeError(
+            f"More than {MAX_BATCH_GROUP_SETS} sets of tower devices gathered "
+            "batches; kerastower.reduce.keys.MAX_BATCH_GROUP_SETS must grow."
+        )
+    return index
+
+
+def _floor_log2(n: tf.Tensor) -> tf.Tensor:
+    """``floor(log2 n)`` of an int64 ``n >= 1``, exactly."""
+    powers = tf.constant([1 << k for k in range(63)], tf.int64)
+    return tf.reduce_sum(tf.cast(n >= powers, tf.int64)) - 1
+
+
+def row_bucket(rows: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+    """The row count a gather of `rows` rows is padded to, and its bucket.
+
+    A count ``n`` below 128 is a bucket of its own. Above, each octave
+    ``[2^e, 2^(e+1))`` has 64 buckets of ``s = 2^(e-6)`` rows, and ``n`` is
+    padded to ``L = s * ceil(n / s)``, less than ``n / 64`` more rows:
+
+        bucket(n) = n                                  if n < 128
+                    128 + 64 (e' - 7) + L / 2^(e'-6) - 64   else, e' = floor(log2 L)
+
+    Every count has a bucket below `ROW_BUCKETS`, and a bucket has one
+    padded length.
+
+    Args:
+        rows: ``0 <= n < 2^62``, an int64 scalar tensor.
+
+    Returns:
+        ``(L, bucket)``, int64 scalar tensors.
+    """
+    n = tf.convert_to_tensor(rows, tf.int64)
+    large = n >= _EXACT_ROWS
+    shift = tf.where(large, _floor_log2(tf.maximum(n, 1)) - 6, 0)
+    step = tf.bitwise.left_shift(tf.constant(1, tf.int64), shift)
+    padded = (n + step - 1) // step * step
+    octave = tf.where(large, _floor_log2(tf.maximum(padded, 1)), 7)
+    within = tf.bitwise.right_shift(padded, tf.maximum(octave - 6, 0))
+    bucket = _EXACT_ROWS + _BUCKETS_PER_OCTAVE * (octave - 7) + within - 64
+    return padded, tf.where(large, bucket, n)
+
+
+def rows_group(devices: Sequence[str], rows: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+    """The group of a gather over `devices` of `rows` rows per member.
+
+    One group per set of devices (as `group_key`) and bucket of row counts
+    (`row_bucket`), ``ROWS_GROUPS + d * ROW_BUCKETS + bucket`` for the
+    ``d``-th set: the members pad their rows to the bucket's length, so
+    that a group's instance keys always gather the same shapes.
+
+    Args:
+        devices: The device of each member, in order.
+        rows: The most rows of any member, an int64 scalar tensor.
+
+    Returns:
+        ``(group_key, padded_rows)``: int32 and int64 scalar tensors.
+
+    Raises:
+        RuntimeError: If more than `MAX_BATCH_GROUP_SETS` sets of devices
+            took such groups.
+    """
+    index = _set_index(devices)
+    padded, bucket = row_bucket(rows)
+    group = ROWS_GROUPS + index * ROW_BUCKETS + tf.cast(bucket, tf.int32)
+    return group, padded
 
 
 def reserve(count: int = 1) -> int:

@@ -220,8 +220,9 @@ class Ring:
         number ``n_i`` of rows (a sparse gradient's values and indices); the
         rest of each tensor's shape is the same on every device. The row
         counts are gathered once, each member's rows are padded to the
-        largest count for the gathers (which need equal shapes), and the
-        padding is cut off, as `tf.distribute`'s all-gather does.
+        largest count for the gathers (which need equal shapes; on one
+        worker, to its bucket's length, `keys.rows_group`), and the padding
+        is cut off, as `tf.distribute`'s all-gather does.
 
         Returns:
             Each device's gathered tensors, in the order given.
@@ -231,23 +232,34 @@ class Ring:
             with tf.device(device):
                 counts.append(tf.shape(tensors[0], out_type=tf.int64)[:1])
         sizes = self._launch(counts, "gather", self._key())
+        # The padded shape changes with the batch, and an instance key keeps
+        # the shape it first gathered: on one worker, the rows are padded to
+        # a bucket of lengths with a group of its own; over several, whose
+        # branches must agree, each gather takes a new key at every run.
+        group = None
+        lengths = []
+        for device, n in zip(self.devices, sizes):
+            with tf.device(device):
+                lengths.append(tf.reduce_max(n))
+        if self.span is None:
+            with tf.device(self.devices[0]):
+                group, length = keys.rows_group(self.devices, lengths[0])
+            lengths = [length] * len(self.devices)
         out: list[list[tf.Tensor]] = [[] for _ in per_device]
         for k in range(len(per_device[0])):
             padded = []
-            for device, tensors, n in zip(self.devices, per_device, sizes):
+            for device, tensors, length in zip(self.devices, per_device, lengths):
                 with tf.device(device):
                     value = tensors[k]
-                    pad = [
-                        [0, tf.reduce_max(n) - tf.shape(value, out_type=tf.int64)[0]]
-                    ]
+                    pad = [[0, length - tf.shape(value, out_type=tf.int64)[0]]]
                     padded.append(
                         tf.pad(value, pad + [[0, 0]] * (value.shape.rank - 1))
                     )
-            # The padded shape changes with the batch: a new key at every run.
-            gathered = self._launch(padded, "gather", keys.run_key())
+            key = keys.run_key() if group is None else keys.reserve()
+            gathered = self._launch(padded, "gather", key, group)
             for i, (device, whole, n) in enumerate(zip(self.devices, gathered, sizes)):
                 with tf.device(device):
-                    longest = tf.reduce_max(n)
+                    longest = lengths[i]
                     pieces = [
                         whole[j * longest : j * longest + n[j]]
                         for j in range(self.size)
@@ -256,11 +268,15 @@ class Ring:
         return out
 
     def _launch(
-        self, values: Sequence[tf.Tensor], kind: str, key: int | tf.Tensor
+        self,
+        values: Sequence[tf.Tensor],
+        kind: str,
+        key: int | tf.Tensor,
+        group: tf.Tensor | None = None,
     ) -> list[tf.Tensor]:
-        if self.span is None:
+        if group is None and self.span is None:
             group = keys.group_key(self.devices)
-        else:  # the same on every worker: each calls it in the same order
+        elif group is None:  # the same on every worker: each calls it in the same order
             group = keys.group_key(("every tower of every worker", self.size))
         size, timeout = self.size, 0.0 if self.span is None else self.span[1]
 

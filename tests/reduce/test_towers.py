@@ -84,6 +84,37 @@ def test_batch_groups_are_one_per_device_set_and_batch_size():
         keys.batch_group_key(pair, tf.constant(keys.MAX_GROUP_BATCH))
 
 
+def test_row_buckets_pad_little_and_have_one_length_each():
+    # The replicas' gathers of sparse rows pad to a bucket of row counts,
+    # one collective group per bucket, rather than new keys at every run.
+    counts = [*range(300), 1000, 1023, 1024, 1025, 99_999, 2**20 + 1, 2**31 - 1]
+    counts += [2**62 - 1, 2**62 + 5]
+    length_of = {}
+    for n in counts:
+        padded, bucket = (int(t) for t in keys.row_bucket(tf.constant(n, tf.int64)))
+        assert n <= padded and (padded - n) * 64 < n or padded == n
+        assert padded == n or n >= 128
+        assert 0 <= bucket < keys.ROW_BUCKETS
+        assert length_of.setdefault(bucket, padded) == padded
+    assert len(set(length_of.values())) == len(length_of)
+    pair = ["/device:CPU:0", "/device:CPU:1"]
+    three = ["/device:CPU:0", "/device:CPU:1", "/device:CPU:2"]
+    groups = {
+        (len(devices), n): int(keys.rows_group(devices, tf.constant(n, tf.int64))[0])
+        for devices in (pair, three)
+        for n in (0, 5, 127, 128, 129, 130, 131, 2**40)
+    }
+    # Above 128 rows, buckets are 2 rows wide: 129 and 130 share one.
+    assert groups[(2, 128)] != groups[(2, 129)] == groups[(2, 130)]
+    assert groups[(2, 130)] != groups[(2, 131)]
+    assert len(set(groups.values())) == len(groups) - 2
+    lowest = keys.ROWS_GROUPS
+    highest = lowest + keys.MAX_BATCH_GROUP_SETS * keys.ROW_BUCKETS
+    assert all(lowest <= g < highest < 2**31 for g in groups.values())
+    batches = int(keys.batch_group_key(pair, tf.constant(keys.MAX_GROUP_BATCH - 1)))
+    assert batches < lowest
+
+
 def _conv_bn_stack(depth: int) -> keras.Model:
     x = inputs = keras.Input((4, 4, 2))
     for _ in range(depth):

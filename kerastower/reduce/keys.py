@@ -111,12 +111,14 @@ def batch_group_key(devices: Sequence[str], batch: tf.Tensor) -> tf.Tensor:
 
 
 def _set_index(devices: Sequence[str]) -> int:
-    """The index of `devices` among the sets of devices that took groups."""
+    """The index of `devices` among the sets of devices that took groups
+    (`group_key`), below `MAX_BATCH_GROUP_SETS`."""
     index = group_key(devices) - _FIRST_DEVICE_GROUP_KEY
     if index >= MAX_BATCH_GROUP_SETS:
         raise RuntimeError(
-            f"More than {MAX_BATCH_GROUP_SETS} sets of tower devices gathered "
-            "batches; kerastower.reduce.keys.MAX_BATCH_GROUP_SETS must grow."
+            f"More than {MAX_BATCH_GROUP_SETS} sets of tower devices took groups "
+            "of a batch size or row count; "
+            "kerastower.reduce.keys.MAX_BATCH_GROUP_SETS must grow."
         )
     return index
 

@@ -236,15 +236,15 @@ class Ring:
         # the shape it first gathered: on one worker, the rows are padded to
         # a bucket of lengths with a group of its own; over several, whose
         # branches must agree, each gather takes a new key at every run.
-        group = None
-        lengths = []
-        for device, n in zip(self.devices, sizes):
-            with tf.device(device):
-                lengths.append(tf.reduce_max(n))
         if self.span is None:
             with tf.device(self.devices[0]):
-                group, length = keys.rows_group(self.devices, lengths[0])
+                group, length = keys.rows_group(self.devices, tf.reduce_max(sizes[0]))
             lengths = [length] * len(self.devices)
+        else:
+            group, lengths = None, []
+            for device, n in zip(self.devices, sizes):
+                with tf.device(device):
+                    lengths.append(tf.reduce_max(n))
         out: list[list[tf.Tensor]] = [[] for _ in per_device]
         for k in range(len(per_device[0])):
             padded = []
@@ -274,10 +274,13 @@ class Ring:
         key: int | tf.Tensor,
         group: tf.Tensor | None = None,
     ) -> list[tf.Tensor]:
-        if group is None and self.span is None:
-            group = keys.group_key(self.devices)
-        elif group is None:  # the same on every worker: each calls it in the same order
-            group = keys.group_key(("every tower of every worker", self.size))
+        if group is None:  # over several workers, the same on every worker
+            members = (
+                self.devices
+                if self.span is None
+                else ("every tower of every worker", self.size)
+            )
+            group = keys.group_key(members)
         size, timeout = self.size, 0.0 if self.span is None else self.span[1]
 
         def launch(values):

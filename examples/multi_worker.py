@@ -53,14 +53,14 @@ def run_worker(args) -> None:
     # --8<-- [start:settings]
     epochs = 3
     filepath = "checkpoints/epoch{epoch}.keras"  # on storage every worker sees
-    timeout_seconds = 600  # how long a collective waits for a dead worker
+    timeout_seconds = None  # or seconds: how long a collective waits for a stuck worker
     # --8<-- [end:settings]
     epochs, timeout_seconds = args.epochs, args.timeout
     filepath = os.path.join(args.out, "ckpt", "epoch{epoch}.keras")
     # --8<-- [start:worker]
 
     kerastower.configure_logical_devices(2)  # no GPU: 2 logical CPUs per worker
-    kerastower.worker_strategy(timeout_seconds=timeout_seconds)  # optional: the timeout
+    kerastower.worker_strategy(timeout_seconds=timeout_seconds)  # optional
 
     index = kerastower.worker_index()  # from TF_CONFIG, 0 on the chief
     x, y = worker_data(index)  # each worker holds its own examples
@@ -137,9 +137,9 @@ def launch(args) -> int:
             out,
             "--epochs",
             str(args.epochs),
-            "--timeout",
-            str(args.timeout),
         ]
+        if args.timeout is not None:
+            command += ["--timeout", str(args.timeout)]
         if args.exit_after_epoch is not None:
             command += ["--exit-after-epoch", str(args.exit_after_epoch)]
         if args.accumulate > 1:
@@ -158,8 +158,8 @@ def main(argv=None) -> int:
     parser.add_argument(
         "--timeout",
         type=float,
-        default=60.0,
-        help="seconds a collective may wait for a dead worker",
+        default=None,
+        help="seconds a collective may wait for a stuck worker (default: no limit)",
     )
     parser.add_argument(
         "--accumulate", type=int, default=1, help="micro-batches per update"

@@ -1,9 +1,9 @@
 """This process's place in a cluster: `MultiWorkerMirroredStrategy`, made once.
 
 Within a worker, `TowerModel` splits its local batch over its local towers.
-Across workers it uses the collective all-reduce of a
+Across workers it sums with TensorFlow's collective ops, in the cluster that
 `tf.distribute.MultiWorkerMirroredStrategy`, TensorFlow's own multi-worker
-engine: the global batch size,
+engine, sets up: the global batch size,
 the gradients and the metric updates are summed over workers, so every worker
 applies the same update to the same weights.
 

@@ -351,7 +351,7 @@ ERRORS = {
     "worker-timeout-zero": (
         lambda mp, tp: kerastower.worker_strategy(timeout_seconds=0),
         ValueError,
-        r"`timeout_seconds` must be > 0\. Received: timeout_seconds=0",
+        r"`timeout_seconds` must be > 0 or None\. Received: timeout_seconds=0",
     ),
     # Data
     "data-x-y-lengths-differ": (

@@ -112,9 +112,8 @@ def test_accumulation_across_workers_matches_one_device(tmp_path):
 @keras3_only  # the example imports Keras 3
 @pytest.mark.slow
 def test_a_dying_worker_stops_the_other_with_an_error_in_bounded_time(tmp_path):
-    result, elapsed = launch(
-        tmp_path, "--epochs", "3", "--exit-after-epoch", "1", "--timeout", "15"
-    )
+    # No collective timeout: TensorFlow's heartbeats find the dead worker.
+    result, elapsed = launch(tmp_path, "--epochs", "3", "--exit-after-epoch", "1")
     assert result.returncode != 0
     assert not (tmp_path / "worker0.npz").exists()
     output = result.stdout + result.stderr

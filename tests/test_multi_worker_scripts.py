@@ -36,6 +36,7 @@ def launch(out, workers, towers, family, *extra, timeout=300, replicas=False):
 
 
 on_replicas = keras3_only_until_ported("replicas")
+THREADS_NOISE = 4
 
 
 class GlobalBatches(getattr(keras.utils, "PyDataset", keras.utils.Sequence)):
@@ -136,8 +137,31 @@ def one_device(workers, family, initial):
     ],
 )
 def test_natural_script_trains_the_one_device_model(tmp_path, workers, towers, family):
+    assert_trains_the_one_device_model(tmp_path, workers, towers, family)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "family",
+    [
+        # Synchronised statistics in both branches of the step (the last
+        # step runs one worker's batch on one tower) and sparse rows, in the
+        # loop of Keras's steps: the sums over the workers keep their keys.
+        "masked",
+        "embedding",
+        # The batch gathered for `global_batch_loss`, 8 examples then 3.
+        "contrastive",
+        pytest.param("dense-replicas", marks=on_replicas),
+    ],
+)
+def test_several_steps_per_execution_train_the_one_device_model(tmp_path, family):
+    # Three steps an epoch: one execution of two steps, then one of one.
+    assert_trains_the_one_device_model(tmp_path, 2, "2,3", family, "1", "2")
+
+
+def assert_trains_the_one_device_model(tmp_path, workers, towers, family, *extra):
     family, _, replicas = family.partition("-")
-    result = launch(tmp_path, workers, towers, family, replicas=bool(replicas))
+    result = launch(tmp_path, workers, towers, family, *extra, replicas=bool(replicas))
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     weights, history = one_device(workers, family, tmp_path / "initial.npz")
     counts = [int(t) for t in towers.split(",")] * (workers if "," not in towers else 1)
@@ -146,6 +170,10 @@ def test_natural_script_trains_the_one_device_model(tmp_path, workers, towers, f
         assert report["workers"] == workers
         assert report["towers"] == counts[index]
         assert report["replicas"] is bool(replicas)
+        # No collective starts a thread that outlives it (TensorFlow's
+        # per-collective timeout does: two a collective, for the timeout).
+        first, last = report.pop("threads")
+        assert last - first <= THREADS_NOISE, (first, last)
         assert report.keys() - {"towers", "workers", "replicas"} == history.keys()
         for key in history:  # the loss, per-output losses, compiled metrics
             assert_close(report[key], history[key], err_msg=key)

@@ -36,7 +36,6 @@ from kerastower._keras_compat.step_functions import (
     warnings_shown_at_build,
 )
 from kerastower._keras_compat.tensorflow.collectives import (
-    call_time_value,
     check_prepared,
     prepare_collective_ops,
     runtime_started,
@@ -137,7 +136,6 @@ __all__ = [
     "build_before_towers",
     "build_metrics",
     "build_optimizer",
-    "call_time_value",
     "call_with_captures",
     "calls_without_graph_optimizer",
     "check_execution_steps",

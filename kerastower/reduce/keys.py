@@ -5,16 +5,18 @@ of a group issues a collective with the same ``group_key`` and
 ``instance_key``, and two collectives of one process must not share an
 instance key within a group. kerastower issues three kinds, all keyed here:
 
-- the sums over the workers' first towers inside a step
-  (`kerastower.reduce.towers.TowerSum`): one group, `WORKERS_GROUP_KEY`, one
-  member per worker. Every worker must issue the same keys in the same order,
-  and a step's two branches (all towers, or a small batch whole on one) must
-  issue the same keys too, so each step has a `StepBlock` of keys and numbers
-  its sums from the block's start. TensorFlow remembers the shape an
-  instance key first summed: a step whose sums change shape between calls
-  (the predictions gathered for ``global_batch_loss``, in a shorter last
-  batch) reserves its block anew at every call, as
-  `MultiWorkerMirroredStrategy` takes a new key for each collective;
+- the sums over the workers' first towers (`kerastower.reduce.towers`):
+  one group, `WORKERS_GROUP_KEY`, one member per worker, and one key per sum
+  reserved where the step is traced. Every worker must issue the same keys
+  in the same order, and a step's two branches (all towers, or a small
+  batch whole on one) must issue the same keys too, so each step has a
+  `StepBlock` of keys and numbers its sums inside the branches from the
+  block's start. TensorFlow remembers the shape an instance key first
+  summed: where a step's sums change shape with the global batch (the
+  predictions gathered for ``global_batch_loss``), they meet in a group per
+  batch size (`batch_group_key`), and a gather of sparse rows over the
+  workers pads them to a bucket of row counts with a group of its own
+  (`rows_group`);
 - the sums over the calls of a tower traced once
   (`kerastower.reduce.towers.TowerCollectives`): one group per set of tower
   devices (`group_key`), the instance keys reserved once per trace; where
@@ -42,8 +44,6 @@ from collections.abc import Sequence
 
 import tensorflow as tf
 
-from kerastower import _keras_compat
-
 WORKERS_GROUP_KEY = 0x6B740001
 _FIRST_DEVICE_GROUP_KEY = 0x6B741000
 # Groups of a set of devices and a batch size (`batch_group_key`): keys in
@@ -58,8 +58,8 @@ ROW_BUCKETS = 1 << 12
 _EXACT_ROWS = 128  # row counts below this are buckets of their own
 _BUCKETS_PER_OCTAVE = 64
 _FIRST_INSTANCE_KEY = 1 << 20
-# The most sums over the workers one step may issue. A traced step reserves
-# as many keys per call as it issues; an eager step reserves the whole block.
+# The most sums over the workers one step may issue: a step reserves a block
+# of them where it is traced (at each call when eager).
 STEP_BLOCK = 1 << 12
 
 _device_groups: dict[tuple[str, ...], int] = {}
@@ -244,34 +244,39 @@ def run_key() -> tf.Tensor:
         return first + tf.math.floormod(runs, RUN_KEYS)
 
 
+def first_towers(workers: int) -> tuple[str, int]:
+    """The members of a group over the first tower of each of `workers`
+    workers, as `group_key`, `batch_group_key` and `rows_group` take them."""
+    return ("the first tower of every worker", workers)
+
+
 class StepBlock:
-    """The instance keys of one step's sums over the workers.
+    """The instance keys and the group of one step's sums over the workers.
 
     Make it where the step is traced, outside its branches; `key` gives the
-    key of the ``k``-th sum. A traced step's keys serve every call of the
-    step, which suits sums of fixed shapes; with `per_call`, the block's
-    first key is taken at every call instead
-    (`_keras_compat.call_time_value`), as many keys as the trace used, so
-    that no key sums tensors of two shapes. Instance keys are int32: a step
-    of ``k`` sums runs about ``2**31 / k`` times per process with
-    `per_call`.
+    key of the ``k``-th sum. The keys are the trace's: every call of the
+    step, and every step of a loop of them (``steps_per_execution``), uses
+    the same keys, which suits sums of fixed shapes, made in
+    `WORKERS_GROUP_KEY`. Where the sums change shape with the global batch
+    (the batch gathered for ``global_batch_loss``), pass `batch`: the sums
+    then meet in a group of that batch size (`batch_group_key` over
+    `first_towers`), whose keys always sum the same shapes.
 
     Args:
-        per_call: Whether the step's sums change shape between calls (the
-            batch gathered for ``global_batch_loss``).
+        workers: How many workers sum together.
+        batch: ``B``, the global batch size, an int32 scalar tensor, or
+            ``None`` for sums of fixed shapes.
     """
 
-    def __init__(self, per_call: bool = False):
-        self.size = 0
-        if tf.executing_eagerly() or not per_call:
-            self._first = tf.constant(reserve(STEP_BLOCK), tf.int32)
-        else:
-            self._first = _keras_compat.call_time_value(self._reserve)
+    def __init__(self, workers: int, batch: tf.Tensor | None = None):
+        self._first = reserve(STEP_BLOCK)
+        self.group = (
+            WORKERS_GROUP_KEY
+            if batch is None
+            else batch_group_key(first_towers(workers), batch)
+        )
 
-    def _reserve(self) -> int:
-        return reserve(max(self.size, 1))
-
-    def key(self, k: int) -> tf.Tensor:
+    def key(self, k: int) -> int:
         """The instance key of the step's ``k``-th sum (from 0).
 
         Raises:
@@ -282,5 +287,4 @@ class StepBlock:
                 f"A step summed more than {STEP_BLOCK} tensors over the "
                 "workers; kerastower.reduce.keys.STEP_BLOCK must grow."
             )
-        self.size = max(self.size, k + 1)
         return self._first + k

@@ -203,22 +203,63 @@ class TowerSum:
         """One collective per dtype, over the first towers of all workers."""
 
         def collective(flat):
-            with tf.device(self.device):
-                summed = tf.raw_ops.CollectiveReduceV2(
-                    input=flat,
-                    group_size=self.workers,
-                    group_key=keys.WORKERS_GROUP_KEY,
-                    instance_key=self.block.key(self.next_key),
-                    ordering_token=[],
-                    merge_op="Add",
-                    final_op="Id",
-                    communication_hint="auto",
-                    timeout_seconds=self.timeout_seconds,
-                )
+            key = self.block.key(self.next_key)
             self.next_key += 1
-            return summed
+            return over_workers(
+                flat,
+                self.workers,
+                self.device,
+                key,
+                self.timeout_seconds,
+                self.block.group,
+            )
 
         return sum_by_dtype(values, collective)
+
+
+def over_workers(
+    value: tf.Tensor,
+    workers: int,
+    device: str,
+    instance_key: int | tf.Tensor,
+    timeout_seconds: float,
+    group_key: int | tf.Tensor = keys.WORKERS_GROUP_KEY,
+    gather: bool = False,
+) -> tf.Tensor:
+    """One collective over the first towers of `workers` workers.
+
+    The sum of `value` over the workers (``CollectiveReduceV2``), or with
+    `gather` every worker's `value` concatenated along the first axis, in
+    worker order (``CollectiveGatherV2``). Every worker calls it with a
+    `value` of the same shape and dtype and the same keys.
+
+    Args:
+        value: This worker's tensor.
+        workers: The number of workers.
+        device: This worker's first tower, where the collective runs.
+        instance_key: The collective's instance key (`kerastower.reduce.keys`).
+        timeout_seconds: How long it may wait for the other workers; 0 for
+            no limit.
+        group_key: The group: `keys.WORKERS_GROUP_KEY`, or a group of one
+            shape of gathered rows (`keys.rows_group`).
+        gather: Whether to gather rather than sum.
+
+    Returns:
+        The sum (the shape of `value`) or the gathered tensor.
+    """
+    common = dict(
+        input=value,
+        group_size=workers,
+        group_key=group_key,
+        instance_key=instance_key,
+        ordering_token=[],
+        communication_hint="auto",
+        timeout_seconds=timeout_seconds,
+    )
+    with tf.device(device):
+        if gather:
+            return tf.raw_ops.CollectiveGatherV2(**common)
+        return tf.raw_ops.CollectiveReduceV2(merge_op="Add", final_op="Id", **common)
 
 
 def sum_by_dtype(

@@ -1,16 +1,19 @@
-"""Sums across the workers of a cluster, over `MultiWorkerMirroredStrategy`.
+"""Sums across the workers of a cluster.
 
 Within a worker, `TowerModel` splits its local batch over its local towers.
-Across workers it uses the collective all-reduce of a
-`tf.distribute.MultiWorkerMirroredStrategy`, TensorFlow's own multi-worker
-engine (made by `kerastower.worker_strategy`): the global batch size, the
-gradients and the metric updates are summed over workers, so every worker
-applies the same update to the same weights. Each worker contributes once,
-whatever its number of towers.
+Across workers the global batch size, the gradients and the metric updates
+are summed over workers, so every worker applies the same update to the same
+weights; each worker contributes once, whatever its number of towers. A
+step's sums are TensorFlow's collective ops over the workers' first towers
+(`sum_over_workers`, `gather_slices`), in the cluster that
+`tf.distribute.MultiWorkerMirroredStrategy` (made by
+`kerastower.worker_strategy`) sets up; the callbacks' sums outside the steps
+go through that strategy's own all-reduce (`all_reduce_sum`).
 """
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections.abc import Collection, Sequence
 from typing import Any
@@ -19,6 +22,7 @@ import tensorflow as tf
 
 from kerastower import _keras_compat
 from kerastower._keras_compat.family import keras
+from kerastower.reduce import keys, towers
 from kerastower.reduce.gradients import merge_rows
 from kerastower.workers import cluster, multi_worker
 
@@ -61,45 +65,14 @@ def all_reduce_sum(strategy: tf.distribute.Strategy, values: Any) -> Any:
     return tf.nest.pack_sequence_as(values, first)
 
 
-def gather_slices(
-    strategy: tf.distribute.Strategy, slices: list[tf.IndexedSlices]
-) -> list[tf.IndexedSlices]:
-    """Concatenates each worker's `tf.IndexedSlices`, in worker order.
-
-    The sparse counterpart of `all_reduce_sum`: rows stay rows (duplicate
-    indices are kept, as one device fed every worker's examples would have
-    them), so a large embedding table is never densified. Each worker
-    contributes once, even with several local replicas.
-
-    Args:
-        strategy: A `MultiWorkerMirroredStrategy`.
-        slices: The same number of slices on every worker.
-
-    Returns:
-        The gathered slices, the same on every worker.
-    """
-    local = strategy.num_replicas_in_sync // _keras_compat.strategy_num_workers(
-        strategy
-    )
-
-    def gather(flat):
-        context = tf.distribute.get_replica_context()
-        first = tf.equal(context.replica_id_in_sync_group % local, 0)
-        out = []
-        for piece in flat:
-            rows = tf.where(first, tf.shape(piece.indices)[0], 0)
-            mine = tf.IndexedSlices(
-                piece.values[:rows], piece.indices[:rows], piece.dense_shape
-            )
-            out.append(context.all_reduce(tf.distribute.ReduceOp.SUM, mine))
-        return out
-
-    gathered = strategy.run(gather, args=(list(slices),))
-    return [strategy.experimental_local_results(g)[0] for g in gathered]
-
-
 def sum_over_workers(model: keras.Model, values: Any) -> Any:
     """Sums a nest of tensors over the workers of `model` (identity on one).
+
+    One collective per dtype over the workers' first towers
+    (`kerastower.reduce.towers.over_workers`), with instance keys reserved
+    where it is traced: the same keys at every run, also inside a loop of
+    several steps (``steps_per_execution``). Every worker must call it
+    outside the branches of a step, with the same shapes at every run.
 
     Args:
         model: A `kerastower.TowerModel`.
@@ -110,7 +83,65 @@ def sum_over_workers(model: keras.Model, values: Any) -> Any:
     """
     if model.num_workers == 1:
         return values
-    return all_reduce_sum(model.worker_strategy, values)
+    flat = [tf.convert_to_tensor(v) for v in tf.nest.flatten(values)]
+    # int32 lives in host memory on GPUs, where a collective cannot take it.
+    wide = [tf.cast(v, tf.int64) if v.dtype == tf.int32 else v for v in flat]
+    summed = towers.sum_by_dtype(wide, functools.partial(_over_workers, model))
+    summed = [tf.cast(s, v.dtype) for s, v in zip(summed, flat)]
+    return tf.nest.pack_sequence_as(values, summed)
+
+
+def _over_workers(model, value, group_key=keys.WORKERS_GROUP_KEY, gather=False):
+    return towers.over_workers(
+        value,
+        model.num_workers,
+        model.tower_devices[0],
+        keys.reserve(),
+        multi_worker.timeout(),
+        group_key,
+        gather,
+    )
+
+
+def gather_slices(
+    model: keras.Model, slices: Sequence[tf.IndexedSlices]
+) -> list[tf.IndexedSlices]:
+    """Concatenates each worker's `tf.IndexedSlices`, in worker order.
+
+    The sparse counterpart of `sum_over_workers`: rows stay rows (duplicate
+    indices are kept, as one device fed every worker's examples would have
+    them), so a large embedding table is never densified. The row counts
+    change with the batch and an instance key keeps the shape it first
+    gathered, so each worker pads its rows to the bucket of the largest
+    count, gathers in that bucket's group (`kerastower.reduce.keys.rows_group`)
+    and cuts the padding off.
+
+    Args:
+        model: A `kerastower.TowerModel` on several workers.
+        slices: This worker's slices, the same number on every worker.
+
+    Returns:
+        The gathered slices, the same on every worker.
+    """
+    workers = model.num_workers
+    members = ("the first tower of every worker", workers)
+    out = []
+    for piece in slices:
+        rows = tf.shape(piece.indices, out_type=tf.int64)[0]
+        mine = tf.one_hot(worker_rank(model), workers, dtype=tf.int64) * rows
+        (counts,) = sum_over_workers(model, [mine])
+        with tf.device(model.tower_devices[0]):
+            group, length = keys.rows_group(members, tf.reduce_max(counts))
+        gathered = []
+        for value in (piece.values, tf.cast(piece.indices, tf.int64)):
+            pad = [[0, length - rows]] + [[0, 0]] * (value.shape.rank - 1)
+            whole = _over_workers(model, tf.pad(value, pad), group, gather=True)
+            parts = [whole[j * length : j * length + counts[j]] for j in range(workers)]
+            gathered.append(tf.concat(parts, axis=0))
+        values, indices = gathered
+        indices = tf.cast(indices, piece.indices.dtype)
+        out.append(tf.IndexedSlices(values, indices, piece.dense_shape))
+    return out
 
 
 def replica_span(model: keras.Model) -> tuple[int, float]:
@@ -187,7 +218,7 @@ def sum_gradients_over_workers(
     for j, grad in zip(dense, summed[1:]):
         gradients[j] = grad
     if sparse:
-        gathered = gather_slices(model.worker_strategy, [gradients[j] for j in sparse])
+        gathered = gather_slices(model, [gradients[j] for j in sparse])
         for j, grad in zip(sparse, gathered):
             gradients[j] = merge_rows(grad) if j in static_rows else grad
     return summed[0], gradients

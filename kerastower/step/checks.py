@@ -176,28 +176,6 @@ def check_no_overwritten_gradients(model: keras.Model, variables: list) -> None:
         )
 
 
-def check_gathered_steps(model: keras.Model) -> None:
-    """Raises if a step on several workers that gathers the batch would loop.
-
-    The sums over the workers take their instance keys at each call of the
-    step (`kerastower.reduce.keys.StepBlock`): the steps of one call
-    (``steps_per_execution > 1``) share them, and the gather of
-    ``global_batch_loss`` changes shape with a shorter last batch, which one
-    key cannot sum.
-
-    Raises:
-        ValueError: If ``global_batch_loss`` is set on several workers with
-            ``steps_per_execution > 1``.
-    """
-    steps = _keras_compat.steps_per_execution(model)
-    if model.global_batch_loss and model.num_workers > 1 and steps > 1:
-        raise ValueError(
-            "`global_batch_loss=True` on several workers runs one step per "
-            "execution: compile with `steps_per_execution=1`. Received: "
-            f"steps_per_execution={steps} with {model.num_workers} workers"
-        )
-
-
 def couples_examples(loss: Any) -> bool:
     """Whether a Keras loss compares the examples of a batch with each other.
 

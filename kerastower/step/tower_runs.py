@@ -64,19 +64,16 @@ class TowerRuns:
         model = self.model
         if model.num_towers > 1:
             checks.check_no_stateful_layers(model)
-        if plan.workers > 1:
-            checks.check_gathered_steps(model)
         batch = tf.shape(first_leaf(data))[0]
         num_workers = plan.workers
         offset, total = tf.constant(0, tf.int32), tf.cast(batch, tf.float32)
         if num_workers > 1:
             offset, total = workers.batches_over_workers(model, batch)
         # Both branches number their cross-worker sums from one block of keys.
-        block = (
-            keys.StepBlock(per_call=model.global_batch_loss)
-            if num_workers > 1
-            else None
-        )
+        block = None
+        if num_workers > 1:
+            gathered = tf.cast(total, tf.int32) if model.global_batch_loss else None
+            block = keys.StepBlock(num_workers, gathered)
         frame = TowerFrame(model, self.loss, total, offset, num_workers, block)
 
         def on_towers():

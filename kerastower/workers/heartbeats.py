@@ -3,8 +3,9 @@
 Under ``kerastower launch`` every worker gets ``KERASTOWER_HEARTBEAT_FILE``,
 and `TowerModel.fit` then records, at the start and end of every batch, the
 phase (``train`` or ``test``), the epoch, the batch and the time in that
-file. When a worker fails or stops answering (a collective waits for it
-until its timeout, then fails on every other worker), the launcher reports
+file. When a worker fails or stops answering (the others wait for it in a
+collective, which fails when TensorFlow's heartbeats find it dead or after
+the collective timeout, if one is set), the launcher reports
 each worker's last record: "in train batch 4 of epoch 0" is a worker waiting
 inside a step (in an all-reduce, say), "after train batch 3 of epoch 0" one
 that is busy or stuck outside the steps (a callback, the input pipeline).

@@ -13,9 +13,10 @@ import tensorflow as tf
 from kerastower import _keras_compat
 from kerastower.workers import cluster
 
-DEFAULT_TIMEOUT_SECONDS = 600.0
-"""Seconds a collective operation waits for the other workers, unless
-`worker_strategy(timeout_seconds=...)` sets another."""
+DEFAULT_TIMEOUT_SECONDS: float | None = None
+"""No limit: a collective operation waits for the other workers as long as
+it takes, as `MultiWorkerMirroredStrategy`'s do by default, unless
+`worker_strategy(timeout_seconds=...)` sets one."""
 _STRATEGY: tf.distribute.Strategy | None = None
 _TIMEOUT_SECONDS = DEFAULT_TIMEOUT_SECONDS
 
@@ -70,29 +71,41 @@ def worker_strategy(
     print(kerastower.num_workers())  # from TF_CONFIG; 1 without it
     ```
 
+    A worker that dies stops the others without a timeout: TensorFlow's
+    heartbeats between the workers find it within seconds and abort their
+    collectives with an ``UnavailableError``. A timeout also ends a run in
+    which a worker is alive but stuck (in a callback, its input pipeline, a
+    deadlock), which otherwise waits for it forever. It has a cost:
+    TensorFlow gives every collective run with a timeout a thread that
+    sleeps for the whole timeout, about ``2 * C * S * timeout_seconds``
+    sleeping threads of some 8 KB each for ``C`` sums over the workers a
+    step and ``S`` steps a second (a few per layer with
+    `BatchNormalization`): 60 s at 10 steps a second and 10 sums a step is
+    some 12,000 threads. Keep it for debugging a hang, or for slow steps.
+
     Args:
-        timeout_seconds: How long a collective operation may wait for the other
-            workers before failing, so that a dead worker stops the others
-            with an error instead of a hang. Defaults to 600 seconds.
+        timeout_seconds: How long a collective operation may wait for the
+            other workers before failing, in seconds, or ``None`` (the
+            default) for no limit.
 
     Returns:
         The strategy; the same object on every call.
 
     Raises:
-        ValueError: If `timeout_seconds` is not positive or `TF_CONFIG` is
-            malformed.
+        ValueError: If `timeout_seconds` is neither ``None`` nor positive, or
+            `TF_CONFIG` is malformed.
         RuntimeError: If TensorFlow started its runtime before kerastower was
             imported, so the cluster can no longer be set up.
     """
     global _STRATEGY, _TIMEOUT_SECONDS
     if timeout_seconds is not None and not timeout_seconds > 0:
         raise ValueError(
-            "`timeout_seconds` must be > 0. "
+            "`timeout_seconds` must be > 0 or None. "
             f"Received: timeout_seconds={timeout_seconds!r}"
         )
     if _STRATEGY is None:
         cluster.tf_config()  # validates TF_CONFIG with a clear error
-        _TIMEOUT_SECONDS = timeout_seconds or DEFAULT_TIMEOUT_SECONDS
+        _TIMEOUT_SECONDS = timeout_seconds
         options = tf.distribute.experimental.CommunicationOptions(
             timeout_seconds=_TIMEOUT_SECONDS
         )
@@ -114,7 +127,7 @@ def worker_strategy(
     elif timeout_seconds is not None and timeout_seconds != _TIMEOUT_SECONDS:
         warnings.warn(
             f"`timeout_seconds={timeout_seconds:g}` is ignored: this process's "
-            f"strategy was made with timeout_seconds={_TIMEOUT_SECONDS:g}, by "
+            f"strategy was made with timeout_seconds={_TIMEOUT_SECONDS}, by "
             "an earlier call or by the first TowerModel. Call "
             "`kerastower.worker_strategy(timeout_seconds=...)` before building "
             "the model.",
@@ -127,7 +140,7 @@ def timeout() -> float:
     """How long a collective operation may wait for the other workers.
 
     Returns:
-        The timeout in seconds: the first `worker_strategy` call's, else
-        `DEFAULT_TIMEOUT_SECONDS`.
+        The timeout in seconds that the first `worker_strategy` call set, or
+        0.0 for none (TensorFlow's collectives read 0 as no limit).
     """
-    return _TIMEOUT_SECONDS
+    return _TIMEOUT_SECONDS or 0.0

@@ -245,19 +245,3 @@ def test_regularization_counts_every_shard_with_the_option():
         epochs=2,
         tower_kwargs=dict(global_batch_loss=True),
     )
-
-
-def test_several_workers_gather_one_step_per_execution():
-    # The sums over the workers take fresh keys at each call of the step;
-    # the steps of one call would share them, and the gather changes shape.
-    from types import SimpleNamespace
-
-    from kerastower.step import checks
-
-    model = SimpleNamespace(
-        global_batch_loss=True, num_workers=2, steps_per_execution=4
-    )
-    with pytest.raises(ValueError, match="Received: steps_per_execution=4 with 2"):
-        checks.check_gathered_steps(model)
-    for fine in (dict(steps_per_execution=1), dict(num_workers=1)):
-        checks.check_gathered_steps(SimpleNamespace(**{**vars(model), **fine}))

@@ -6,11 +6,12 @@ trains on one machine, or on several with nothing but `TF_CONFIG` set (the
 tests start it through ``kerastower launch``). The towers are the logical
 CPUs that ``kerastower launch --towers`` asks for.
 
-``python natural.py OUT FAMILY [K]`` trains the model `FAMILY` ("dense",
+``python natural.py OUT FAMILY [K [S]]`` trains the model `FAMILY` ("dense",
 "from_model", "subclassed", "own_step", "embedding", "masked", "spectral",
 "contrastive" or "two_outputs") on this worker's
-examples, accumulating `K` micro-batches per update when given, and writes
-the initial weights (chief), the final weights and the history to ``OUT``.
+examples, accumulating `K` micro-batches per update when given, `S` steps per
+execution, and writes the initial weights (chief), the final weights, the
+history and the process's thread count after each epoch to ``OUT``.
 """
 
 from __future__ import annotations
@@ -211,15 +212,29 @@ def build(family: str, seed: int):
     return kerastower.TowerModel(inputs, outputs)
 
 
-def main(out: str, family: str, accumulate: int = 1) -> None:
+class Threads(keras.callbacks.Callback):
+    """The process's thread count after each epoch."""
+
+    def __init__(self):
+        super().__init__()
+        self.counts = []
+
+    def on_epoch_end(self, epoch, logs=None):
+        with open("/proc/self/status") as status:
+            line = next(line for line in status if line.startswith("Threads:"))
+        self.counts.append(int(line.split()[1]))
+
+
+def main(out: str, family: str, accumulate: int = 1, steps: int = 1) -> None:
     index = kerastower.worker_index()
     x, y = family_data(family, index)
     # Different seeds on purpose: every worker starts from the chief's weights.
     model = build(family, seed=index)
     if index == 0:
         np.savez(os.path.join(out, "initial.npz"), *model.get_weights())
-    model.compile(**compile_arguments(family))
-    callbacks = []
+    model.compile(**compile_arguments(family), steps_per_execution=steps)
+    threads = Threads()
+    callbacks = [threads]
     if accumulate > 1:
         callbacks.append(kerastower.callbacks.GradientAccumulation(accumulate))
     history = model.fit(
@@ -236,6 +251,7 @@ def main(out: str, family: str, accumulate: int = 1) -> None:
         history.history,
         towers=model.num_towers,
         workers=model.num_workers,
+        threads=threads.counts,
         # kerastower's own: whether the towers trained on replicas.
         replicas=model._tower_step.replicas is not None,
     )

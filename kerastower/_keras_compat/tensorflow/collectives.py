@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import copy
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 
 import tensorflow as tf
@@ -181,30 +181,6 @@ def check_prepared() -> None:
             "MultiWorkerMirroredStrategy._initialize_multi_worker",
             "set collective ops up differently from how kerastower prepared them",
         )
-
-
-def call_time_value(fn: Callable[[], int], dtype: tf.DType = tf.int32) -> tf.Tensor:
-    """``fn()``, computed again at every call of the function being traced.
-
-    Eager, it is ``fn()``. In a traced function it is a value that the
-    function receives at each call, from ``fn()`` run then, as
-    `tf.distribute.MultiWorkerMirroredStrategy` gets a fresh instance key for
-    each of its collectives; through nested functions (Keras traces its step
-    inside its loop's function) the value is taken at the outermost call.
-    TensorFlow's ``FuncGraph.capture_call_time_value`` is private.
-
-    Raises:
-        KerasCompatibilityError: If ``FuncGraph.capture_call_time_value`` is
-            missing.
-    """
-    graph = tf.compat.v1.get_default_graph()
-    while getattr(graph, "is_control_flow_graph", False):
-        graph = graph.outer_graph
-    if tf.executing_eagerly() or not getattr(graph, "building_function", False):
-        return tf.convert_to_tensor(fn(), dtype)
-    capture = _attribute(graph, "capture_call_time_value", "FuncGraph")
-    with graph.as_default():
-        return capture(lambda: call_time_value(fn, dtype), tf.TensorSpec([], dtype))
 
 
 def strategy_num_workers(strategy: tf.distribute.Strategy) -> int:

@@ -17,10 +17,11 @@ Setups: ``plain`` (a `keras.Model` on one device), ``towerN``
 ``replicate_variables=True``, the default where the towers are GPUs),
 ``xlaN`` (the same with ``jit_compile=True``), ``workersN`` (``N``
 towers over 2 local workers, `kerastower launch`, each training on its half
-of the global batch; the chief's times), ``copies4`` and
-``copies_replicas4`` (the default and the replicas path as they ran before
-the tower was traced once: one copy of the tower traced per tower, the
-baseline their steady step is held to) and ``mirrored4`` (stock
+of the global batch; the chief's times), ``copies4``,
+``copies_replicas4`` and ``copies_workers4`` (the default, the replicas
+and the workers path as they ran before the tower was traced once: one copy
+of the tower traced per tower, the baseline their steady step is held to)
+and ``mirrored4`` (stock
 `tf.distribute.MirroredStrategy` over 4 logical CPUs, unsynchronised
 `BatchNormalization`). Models: ``resnet50`` and ``densenet121``
 (`keras.applications`, 32x32x3 inputs, 5 classes, no weights), ``transformer``
@@ -61,6 +62,7 @@ SETUPS = (
     "workers4",
     "copies4",
     "copies_replicas4",
+    "copies_workers4",
     "mirrored4",
 )
 # A setup's name: its kind, then its number of towers.
@@ -71,9 +73,10 @@ _TOWER_OPTIONS = {
     "workers": {},
     "copies": {},
     "copies_replicas": {"replicate_variables": True},
+    "copies_workers": {},
 }
 # Setups whose towers are traced one copy each, as before the trace once.
-_COPIES = ("copies", "copies_replicas")
+_COPIES = ("copies", "copies_replicas", "copies_workers")
 # ``workersN``: N towers over this many local workers (`kerastower launch`).
 WORKERS = 2
 BATCH = 8
@@ -126,7 +129,8 @@ def _child(model_name: str, setup: str) -> None:
     import kerastower
 
     kind = setup.rstrip("0123456789")
-    if kind != "workers":  # a worker's logical CPUs are the launcher's
+    on_workers = kind.endswith("workers")
+    if not on_workers:  # a worker's logical CPUs are the launcher's
         kerastower.configure_logical_devices(LOGICAL_DEVICES)
     keras.utils.set_random_seed(0)
     loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
@@ -141,10 +145,10 @@ def _child(model_name: str, setup: str) -> None:
         if kind in _COPIES:
             from kerastower.step import traced_towers
 
-            traced_towers.applies = lambda model: False  # the plan makes copies
+            traced_towers.applies = lambda *args: False  # the plan makes copies
         if kind in _TOWER_OPTIONS:
             towers = int(setup[len(kind) :])
-            if kind == "workers":  # each worker trains on its part of the batch
+            if on_workers:  # each worker trains on its part of the batch
                 towers //= WORKERS
                 part = len(x) // WORKERS
                 rows = slice(kerastower.worker_index() * part, None)
@@ -178,8 +182,9 @@ def _child(model_name: str, setup: str) -> None:
 def measure(model_name: str, setup: str) -> dict[str, Any]:
     """Runs `setup` of `model_name` in a fresh process and returns its row."""
     command = [sys.executable, "-m", "bench.trace", "--child", model_name, setup]
-    if setup.startswith("workers"):
-        towers = int(setup[len("workers") :]) // WORKERS
+    kind = setup.rstrip("0123456789")
+    if kind.endswith("workers"):
+        towers = int(setup[len(kind) :]) // WORKERS
         launcher = [sys.executable, "-m", "kerastower", "launch", "-n", str(WORKERS)]
         command = [*launcher, "--towers", str(towers), "-m", *command[2:]]
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)

@@ -18,6 +18,8 @@ import tensorflow as tf
 from keras_family import keras, keras3_only_until_ported, spectral_normalization
 from oracle import assert_close
 
+from kerastower import _keras_compat
+
 SCRIPT = Path(__file__).resolve().parent / "workers" / "natural.py"
 sys.path.insert(0, str(SCRIPT.parent))
 import natural  # noqa: E402
@@ -170,6 +172,10 @@ def assert_trains_the_one_device_model(tmp_path, workers, towers, family, *extra
         assert report["workers"] == workers
         assert report["towers"] == counts[index]
         assert report["replicas"] is bool(replicas)
+        # The towers of every worker are one traced function, but for the
+        # batch gathered for `global_batch_loss`.
+        traced = family != "contrastive" and _keras_compat.keeps_functions_apart()
+        assert report.pop("traced_once") is traced
         # No collective starts a thread that outlives it (TensorFlow's
         # per-collective timeout does: two a collective, for the timeout).
         first, last = report.pop("threads")

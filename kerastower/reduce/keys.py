@@ -19,7 +19,9 @@ instance key within a group. kerastower issues three kinds, all keyed here:
   (`rows_group`);
 - the sums over the calls of a tower traced once
   (`kerastower.reduce.towers.TowerCollectives`): one group per set of tower
-  devices (`group_key`), the instance keys reserved once per trace; where
+  devices (`group_key`), or over several workers one per set of workers that
+  run their batch on one tower (`calls_group`), the instance keys reserved
+  once per trace; where
   the sums change shape with the batch (the predictions gathered for
   ``global_batch_loss``), one group per set of devices and batch size
   (`batch_group_key`), so that each group's keys keep one shape and new
@@ -56,6 +58,10 @@ MAX_BATCH_GROUP_SETS = 1 << 8
 ROWS_GROUPS = 1 << 29
 ROW_BUCKETS = 1 << 12
 _EXACT_ROWS = 128  # row counts below this are buckets of their own
+# Groups of the traced towers' calls over several workers (`calls_group`):
+# keys in [2**29 + 2**20, 2**29 + 2**20 + 2**MAX_TRACED_WORKERS).
+CALL_GROUPS = ROWS_GROUPS + MAX_BATCH_GROUP_SETS * ROW_BUCKETS
+MAX_TRACED_WORKERS = 16
 _BUCKETS_PER_OCTAVE = 64
 _FIRST_INSTANCE_KEY = 1 << 20
 # The most sums over the workers one step may issue: a step reserves a block
@@ -182,6 +188,29 @@ def rows_group(devices: Sequence[str], rows: tf.Tensor) -> tuple[tf.Tensor, tf.T
     padded, bucket = row_bucket(rows)
     group = ROWS_GROUPS + index * ROW_BUCKETS + tf.cast(bucket, tf.int32)
     return group, padded
+
+
+def calls_group(batches: tf.Tensor, towers: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+    """The group of the traced towers' calls of one step over every worker.
+
+    Worker ``w`` calls its tower function on each of its ``N_w`` towers, or
+    once, on its first, when its batch ``B_w < N_w``: the group has
+    ``sum_w (N_w if B_w >= N_w else 1)`` members, and its key tells which
+    workers ran one call, ``CALL_GROUPS + sum_w [B_w < N_w] 2^w``, so that
+    every worker names the same members the same way.
+
+    Args:
+        batches: ``(B_0, ..., B_{W-1})``, every worker's batch, int32.
+        towers: ``(N_0, ..., N_{W-1})``, every worker's towers, int32; at most
+            `MAX_TRACED_WORKERS` workers.
+
+    Returns:
+        ``(group_size, group_key)``, int32 scalar tensors.
+    """
+    whole = tf.cast(batches < towers, tf.int32)
+    size = tf.reduce_sum(tf.where(whole > 0, 1, towers))
+    bits = tf.bitwise.left_shift(1, tf.range(tf.size(whole), dtype=tf.int32))
+    return size, CALL_GROUPS + tf.reduce_sum(whole * bits)
 
 
 def reserve(count: int = 1) -> int:

@@ -299,12 +299,21 @@ class TowerCollectives:
         group_size: How many calls sum together, an int32 scalar tensor.
         group_key: Their group's key, an int32 scalar tensor.
         first_key: The first of the instance keys the function may use.
+        timeout_seconds: How long a collective may wait for the other
+            workers' calls; 0 for no limit.
     """
 
-    def __init__(self, group_size: tf.Tensor, group_key: tf.Tensor, first_key: int):
+    def __init__(
+        self,
+        group_size: tf.Tensor,
+        group_key: tf.Tensor,
+        first_key: int,
+        timeout_seconds: float = 0.0,
+    ):
         self.group_size = group_size
         self.group_key = group_key
         self.first_key = first_key
+        self.timeout_seconds = timeout_seconds
         self.used = 0
 
     def __call__(self, values: Sequence[tf.Tensor]) -> list[tf.Tensor]:
@@ -323,6 +332,7 @@ class TowerCollectives:
             ordering_token=[],
             merge_op="Add",
             final_op="Id",
+            timeout_seconds=self.timeout_seconds,
         )
         self.used += 1
         return summed

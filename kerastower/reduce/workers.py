@@ -163,27 +163,43 @@ def worker_rank(model: keras.Model) -> int:
     return int(model.worker_strategy.cluster_resolver.task_id)
 
 
-def batches_over_workers(model: keras.Model, batch: tf.Tensor):
+def worker_batches(model: keras.Model, batch: tf.Tensor) -> tf.Tensor:
+    """Every worker's batch and tower count, by one sum over the workers.
+
+    Args:
+        model: A `kerastower.TowerModel` on several workers.
+        batch: This worker's number of examples, a scalar.
+
+    Returns:
+        A ``(2, W)`` float32 tensor: row 0 every worker's batch ``B_w``, row
+        1 its towers ``N_w``, the chief's first.
+    """
+    rank = worker_rank(model)
+    mine = tf.stack([tf.cast(batch, tf.float32), float(model.num_towers)])
+    return sum_over_workers(
+        model, mine[:, None] * tf.one_hot(rank, model.num_workers)[None, :]
+    )
+
+
+def batches_over_workers(
+    model: keras.Model, every: tf.Tensor
+) -> tuple[tf.Tensor, tf.Tensor]:
     """Where this worker's batch starts in the global batch, and its size.
 
     The global batch is every worker's batch, in worker order (the chief's
     first): one device's batch for the step.
 
     Args:
-        model: A `kerastower.TowerModel`.
-        batch: This worker's number of examples, a scalar.
+        model: A `kerastower.TowerModel` on several workers.
+        every: `worker_batches`.
 
     Returns:
         ``(offset, total)``: the examples of the workers before this one
         (int32) and of all workers (float32).
     """
-    batch = tf.cast(batch, tf.float32)
-    if model.num_workers == 1:
-        return tf.constant(0, tf.int32), batch
+    batches = every[0]
     rank = worker_rank(model)
-    mine = tf.one_hot(rank, model.num_workers, dtype=tf.float32) * batch
-    every = sum_over_workers(model, mine)
-    return tf.cast(tf.reduce_sum(every[:rank]), tf.int32), tf.reduce_sum(every)
+    return tf.cast(tf.reduce_sum(batches[:rank]), tf.int32), tf.reduce_sum(batches)
 
 
 def sum_gradients_over_workers(

@@ -34,8 +34,8 @@ class StepPlan:
     Attributes:
         towers: `ONE_DEVICE`; `TRACED_ONCE` where the settings allow
             (`kerastower.step.traced_towers.applies`) and the step is
-            traced; else `COPIES` (XLA, several workers,
-            ``global_batch_loss``, Keras 2's random layers, TensorFlow 2.12,
+            traced; else `COPIES` (XLA, ``global_batch_loss`` on several
+            workers, Keras 2's random layers, TensorFlow 2.12,
             a step run eagerly).
         replicas: The `kerastower.reduce.replicas.Replicas` the towers read
             and update, or ``None`` for towers reading the model's variables.
@@ -79,7 +79,7 @@ class StepPlan:
         elif (
             traced
             and _keras_compat.orders_calls_here()
-            and traced_towers.applies(model)
+            and traced_towers.applies(model, workers)
         ):
             towers = TRACED_ONCE
         else:

@@ -67,13 +67,20 @@ class TowerRuns:
         batch = tf.shape(first_leaf(data))[0]
         num_workers = plan.workers
         offset, total = tf.constant(0, tf.int32), tf.cast(batch, tf.float32)
+        block = calls = None
         if num_workers > 1:
-            offset, total = workers.batches_over_workers(model, batch)
-        # Both branches number their cross-worker sums from one block of keys.
-        block = None
-        if num_workers > 1:
-            gathered = tf.cast(total, tf.int32) if model.global_batch_loss else None
-            block = keys.StepBlock(num_workers, gathered)
+            every = workers.worker_batches(model, batch)
+            offset, total = workers.batches_over_workers(model, every)
+            if plan.towers == TRACED_ONCE:
+                # The calls' collectives span every worker's towers: the
+                # towers' sums need no move over the workers of their own.
+                calls = keys.calls_group(*tf.unstack(tf.cast(every, tf.int32)))
+                num_workers = 1
+            else:
+                # Both branches number their sums over the workers from one
+                # block of keys.
+                gathered = tf.cast(total, tf.int32) if model.global_batch_loss else None
+                block = keys.StepBlock(num_workers, gathered)
         frame = TowerFrame(model, self.loss, total, offset, num_workers, block)
 
         def on_towers():
@@ -108,7 +115,7 @@ class TowerRuns:
                         replicas.replica_variables(i) for i in range(model.num_towers)
                     ]
                 runs = traced_towers.run(
-                    model, body, frame, data, batch, total, replicated
+                    model, body, frame, data, batch, total, replicated, calls
                 )
 
                 def traced(run):

@@ -8,8 +8,10 @@ and called ``N`` times, each call on its tower's device and not inlined
 (``_noinline``), and once more, whole, for a batch smaller than the tower
 count:
 
-    tower(shard_i, w_i, i, sizes, members)    for i in 0 .. N-1
-    tower(batch,   1,   0, (B, 0, ..., 0), 1) when B < N
+    tower(shard_i, w_i,   i, sizes,          members)  for i in 0 .. N-1
+    tower(batch,   B / T, 0, (B, 0, ..., 0), 1)        when B < N
+
+(``T`` is the examples of every worker, ``B`` on one.)
 
 What a tower did differently from another (its place in the batch, whether
 it makes the model's assignments) is now an input:
@@ -19,7 +21,9 @@ it makes the model's assignments) is now an input:
 - the sums over the towers (`BatchNormalization`'s moments, the losses'
   divisors) are ``CollectiveReduceV2`` ops inside the function, over the
   calls that run together: ``members`` of them, in the group of their
-  devices (`kerastower.reduce.keys.group_key`); with ``global_batch_loss``,
+  devices (`kerastower.reduce.keys.group_key`); on several workers, over
+  every worker's calls, in a group named by the workers whose batch runs
+  whole on one tower (`kerastower.reduce.keys.calls_group`); with ``global_batch_loss``,
   whose gathered predictions (a sum of ``B`` rows,
   `kerastower.reduce.towers.gather_over_towers`) change shape with the
   batch while an instance key keeps the shape it first summed, in one group
@@ -57,20 +61,28 @@ from kerastower import _keras_compat
 from kerastower.reduce import keys
 from kerastower.reduce.towers import TowerCollectives
 from kerastower.step.shards import tower_shards
+from kerastower.workers import multi_worker
 
 
-def applies(model) -> bool:
-    """Whether a traced step of `model` runs its towers as one function.
+def applies(model, workers: int = 1) -> bool:
+    """Whether a traced step of `model` on `workers` workers runs its towers
+    as one function.
 
-    Towers are traced once on one worker, without XLA and without Keras
-    2's random layers (whose ops keep the seed they were traced with); the
-    other settings trace one copy per tower, as does TensorFlow 2.12, whose
-    functions cannot be kept from inlining.
+    Towers are traced once without XLA and without Keras 2's random layers
+    (whose ops keep the seed they were traced with), and on several workers
+    (up to `kerastower.reduce.keys.MAX_TRACED_WORKERS`) without
+    ``global_batch_loss``, whose gathers would need a group per
+    batch size and set of workers; the other settings trace one copy per
+    tower, as does TensorFlow 2.12, whose functions cannot be kept from
+    inlining.
     """
     return (
         _keras_compat.keeps_functions_apart()
-        and model.num_towers > 1
-        and model.num_workers == 1
+        and (model.num_towers > 1 or workers > 1)
+        and (
+            workers == 1
+            or (workers <= keys.MAX_TRACED_WORKERS and not model.global_batch_loss)
+        )
         and not model.jit_compile
         and not _keras_compat.draws_per_traced_op(_keras_compat.inner_layers(model))
     )
@@ -101,6 +113,7 @@ def run(
     batch: tf.Tensor,
     total: tf.Tensor,
     replicated: Sequence[Sequence[Any]] | None = None,
+    calls: tuple[tf.Tensor, tf.Tensor] | None = None,
 ) -> tuple[Callable, Callable]:
     """Traces `body` once; returns the towers' and the one tower's runs.
 
@@ -121,6 +134,10 @@ def run(
             ``replicated[i]``, read on its device, so that one trace serves
             every tower's replicas; the body gets them by ``id`` of tower
             0's variable.
+        calls: On several workers, ``(group_size, group_key)`` of the calls
+            of every worker's towers (`kerastower.reduce.keys.calls_group`),
+            in which every sum over the towers spans the workers; ``None``
+            on one worker.
 
     Returns:
         ``(on_towers, on_one_tower)``: functions that call the traced tower
@@ -135,8 +152,10 @@ def run(
 
     primaries = list(replicated[0]) if replicated else []
 
+    timeout = multi_worker.timeout() if calls is not None else 0.0
+
     def traced_tower(shard, weight, tower, tower_sizes, group_size, group_key, values):
-        collectives = TowerCollectives(group_size, group_key, first_key)
+        collectives = TowerCollectives(group_size, group_key, first_key, timeout)
         replica_values = (
             {id(v): value for v, value in zip(primaries, values)}
             if replicated
@@ -164,17 +183,23 @@ def run(
     # The groups of the calls that run together: every tower, or the first
     # alone; with `global_batch_loss`, whose sums follow the batch, one per
     # batch size too (made once for the step, not once per call).
+    # Over several workers, both run in the one group of the step's calls.
     groups = {
         members: (
-            keys.batch_group_key(model.tower_devices[:members], batch)
-            if model.global_batch_loss
-            else keys.group_key(model.tower_devices[:members])
+            calls
+            if calls is not None
+            else (
+                members,
+                keys.batch_group_key(model.tower_devices[:members], batch)
+                if model.global_batch_loss
+                else keys.group_key(model.tower_devices[:members]),
+            )
         )
         for members in (towers, 1)
     }
 
     def call(tower, shard, weight, tower_sizes, members):
-        group = groups[members]
+        group_size, group = groups[members]
         device = model.tower_devices[tower]
         with tf.device(device):  # each tower reads its replicas where they are
             values = (
@@ -182,7 +207,7 @@ def run(
                 if replicated
                 else []
             )
-        args = (shard, weight, tower, tower_sizes, members, group)
+        args = (shard, weight, tower, tower_sizes, group_size, group)
         # Grappler specialises a function for each call whose inputs are
         # constants, and optimises each specialisation: unseen, they are not.
         args = (*tf.nest.map_structure(_unseen, args), values)
@@ -211,6 +236,7 @@ def run(
 
     def on_one_tower():
         whole = tf.concat([tf.reshape(batch, [1]), tf.zeros([towers - 1], tf.int32)], 0)
-        return [call(0, data, tf.constant(1.0, tf.float64), whole, 1)]
+        weight = tf.cast(batch, tf.float64) / tf.cast(total, tf.float64)
+        return [call(0, data, weight, whole, 1)]
 
     return on_towers, on_one_tower

@@ -115,6 +115,26 @@ def test_row_buckets_pad_little_and_have_one_length_each():
     assert batches < lowest
 
 
+def test_call_groups_name_which_workers_run_their_batch_on_one_tower():
+    # Worker w makes N_w calls of its traced tower, or one when B_w < N_w;
+    # every worker must find the same size and key from everyone's batches.
+    def group(batches, towers):
+        size, key = keys.calls_group(tf.constant(batches), tf.constant(towers))
+        return int(size), int(key) - keys.CALL_GROUPS
+
+    assert group([4, 4], [2, 3]) == (5, 0)
+    assert group([4, 2], [2, 3]) == (3, 0b10)
+    assert group([1, 2], [2, 3]) == (2, 0b11)
+    assert group([1, 4, 0], [2, 3, 1]) == (5, 0b101)
+    assert group([4, 4, 1], [2, 3, 1]) == (6, 0)
+    widest = [0] * keys.MAX_TRACED_WORKERS
+    assert group(widest, [1] * len(widest)) == (len(widest), 2 ** len(widest) - 1)
+    # Apart from the other groups: rows groups end where call groups begin.
+    rows_end = keys.ROWS_GROUPS + keys.MAX_BATCH_GROUP_SETS * keys.ROW_BUCKETS
+    assert rows_end <= keys.CALL_GROUPS
+    assert keys.CALL_GROUPS + 2**keys.MAX_TRACED_WORKERS < keys.WORKERS_GROUP_KEY
+
+
 def _conv_bn_stack(depth: int) -> keras.Model:
     x = inputs = keras.Input((4, 4, 2))
     for _ in range(depth):

@@ -56,6 +56,25 @@ def test_xla_compiles_copies():
     assert not StepPlan.of(tower_model(2, jit_compile=True)).xla
 
 
+def test_several_workers_trace_once_but_for_a_gathered_loss():
+    from kerastower.reduce import keys
+    from kerastower.step import traced_towers
+
+    traceable = _keras_compat.keeps_functions_apart()
+    for towers in (1, 2):
+        model = tower_model(towers)
+        assert traced_towers.applies(model, 2) is traceable
+        assert not traced_towers.applies(model, keys.MAX_TRACED_WORKERS + 1)
+    # One tower on one worker is Keras's own step.
+    assert not traced_towers.applies(tower_model(1), 1)
+    # The batch gathered for `global_batch_loss` would need a group per
+    # batch size and set of workers: copies on several workers.
+    gathered = tower_model(2)
+    gathered.global_batch_loss = True
+    assert traced_towers.applies(gathered, 1) is traceable
+    assert not traced_towers.applies(gathered, 2)
+
+
 def test_prediction_does_not_span_the_workers():
     model = tower_model(1)
     plan = traced_plan(model, across_workers=False)

@@ -25,6 +25,18 @@ import tensorflow as tf
 from tensorflow import keras
 
 import kerastower
+from kerastower.step import traced_towers
+
+TRACED: list = []  # one entry per step whose towers were traced once
+_run = traced_towers.run
+
+
+def _counting_run(*args, **kwargs):
+    TRACED.append(True)
+    return _run(*args, **kwargs)
+
+
+traced_towers.run = _counting_run
 
 FEATURES = 5
 BATCH = 4  # per worker; the global batch is the sum over workers
@@ -254,6 +266,7 @@ def main(out: str, family: str, accumulate: int = 1, steps: int = 1) -> None:
         threads=threads.counts,
         # kerastower's own: whether the towers trained on replicas.
         replicas=model._tower_step.replicas is not None,
+        traced_once=bool(TRACED),
     )
     with open(os.path.join(out, f"history{index}.json"), "w") as f:
         json.dump(report, f)

@@ -251,11 +251,18 @@ class TowerModel(EntryPoints, _keras_compat.TrainerHooks, keras.Model):
         if self.num_towers > 1 or self.num_workers > 1:
             keys.prepare_run_keys()
 
+    def _step_function_made(self, step: str) -> None:
+        """Keras made a new function for `step` ("train_step", ...): its
+        trace takes new keys over the workers (`keys.step_keys`), as the
+        sums it traces may have new shapes (a recompiled model's metrics)."""
+        keys.forget_step_keys(self, step)
+
     def _step_optimised_once(self, step: str) -> bool:
         """Whether Keras's function for `step` ("train_step", ...) gets one
         round of Grappler: the step is ours and traces its towers once."""
         own = getattr(type(self), step) is getattr(TowerModel, step)
-        return own and traced_towers.applies(self)
+        workers = 1 if step == "predict_step" else self.num_workers
+        return own and traced_towers.applies(self, workers)
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -268,7 +275,8 @@ class TowerModel(EntryPoints, _keras_compat.TrainerHooks, keras.Model):
         if plan.keras_step:
             with tf.device(self._tower_devices[0]):
                 return super().train_step(data)
-        return self._tower_step.train(data, plan)
+        with keys.step_keys(self, "train_step"):
+            return self._tower_step.train(data, plan)
 
     def tower_gradients(
         self,
@@ -349,7 +357,8 @@ class TowerModel(EntryPoints, _keras_compat.TrainerHooks, keras.Model):
         if plan.towers == ONE_DEVICE:
             with tf.device(self._tower_devices[0]):
                 return super().test_step(data)
-        return self._tower_step.test(data, plan)
+        with keys.step_keys(self, "test_step"):
+            return self._tower_step.test(data, plan)
 
     def predict_step(self, data):
         plan = self._tower_step.plan(across_workers=False)

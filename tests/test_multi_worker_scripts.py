@@ -215,6 +215,40 @@ def test_accumulated_sparse_rows_across_workers_train_the_one_device_model(
             assert_close(b, a)
 
 
+@pytest.mark.slow
+def test_workers_whose_steps_trace_again_at_different_times_still_meet(tmp_path):
+    # Keras traces a worker's step again for a batch of a new shape; the
+    # other worker's trace takes the same keys for its sums over the workers.
+    import retrace
+
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+    env.pop("TF_CONFIG", None)
+    command = [sys.executable, "-m", "kerastower", "launch", "-n", "2"]
+    command += ["--towers", "2", str(SCRIPT.parent / "retrace.py"), str(tmp_path)]
+    result = subprocess.run(
+        command, env=env, capture_output=True, text=True, timeout=180
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    plain = keras.Model(*retrace.graph(seed=0))
+    with np.load(tmp_path / "initial.npz") as data:
+        plain.set_weights([data[f"arr_{k}"] for k in range(len(data.files))])
+    plain.compile(optimizer=keras.optimizers.Adam(0.01), loss="mse")
+    data = [retrace.worker_data(i) for i in range(2)]
+    starts = [0, 0]
+    for sizes in zip(*retrace.SIZES):
+        batch = [
+            [part[start : start + size] for part in worker]
+            for worker, start, size in zip(data, starts, sizes)
+        ]
+        plain.train_on_batch(*(np.concatenate(parts) for parts in zip(*batch)))
+        starts = [start + size for start, size in zip(starts, sizes)]
+    for index in range(2):
+        with np.load(tmp_path / f"worker{index}.npz") as final:
+            trained = [final[f"arr_{k}"] for k in range(len(final.files))]
+        for a, b in zip(plain.get_weights(), trained, strict=True):
+            assert_close(b, a)
+
+
 def _python(code, **env):
     full = {k: v for k, v in os.environ.items() if not k.startswith("KERASTOWER_")}
     full.pop("TF_CONFIG", None)

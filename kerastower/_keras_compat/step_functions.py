@@ -25,25 +25,33 @@ class StepFunctionHooks:
     """`TowerModel`'s overrides of Keras's ``make_*_function``.
 
     Both Keras families name them alike; the model decides through
-    ``num_towers`` and ``_step_optimised_once(step)``.
+    ``num_towers`` and ``_step_optimised_once(step)``, and hears of each new
+    function through ``_step_function_made(step)``.
     """
 
     # What the model that mixes this in provides (`TowerModel`).
     num_towers: int
     _step_optimised_once: Callable[[str], bool]
     _prepare_step_variables: Callable[[], None]
+    _step_function_made: Callable[[str], None]
 
     # With towers, XLA compiles each tower (`xla.compiled_in_towers`), not
     # the step that holds them all.
     def make_train_function(self, force=False):
+        before = self.train_function
         with self._step_functions():
             made = super().make_train_function(force)
+        if self.train_function is not before:
+            self._step_function_made("train_step")
         self.train_function = self._outer_step(self.train_function, "train_step")
         return made
 
     def make_test_function(self, force=False):
+        before = self.test_function
         with self._step_functions():
             made = super().make_test_function(force)
+        if self.test_function is not before:
+            self._step_function_made("test_step")
         self.test_function = self._outer_step(self.test_function, "test_step")
         return made
 

@@ -42,7 +42,10 @@ start far above.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+import threading
+from collections.abc import Iterator, Sequence
+from typing import Any
 
 import tensorflow as tf
 
@@ -239,6 +242,69 @@ def reserve(count: int = 1) -> int:
     return first
 
 
+STEP_KEYS = 1 << 16
+_step_keys: dict[tuple[int, str], int] = {}  # first key of each step's range
+_tracing = threading.local()  # `.keys`: [first, taken] of the step tracing now
+
+
+@contextlib.contextmanager
+def step_keys(owner: Any, step: str) -> Iterator[None]:
+    """Numbers the instance keys over the workers of a step being traced.
+
+    Inside, `worker_key` takes the keys of `owner`'s `step`
+    (``"train_step"``, ``"test_step"``) in order from a range of
+    `STEP_KEYS` keys of its own, which the step's first trace reserves:
+    every later trace takes the same keys, until Keras makes a new function
+    for the step (`forget_step_keys`).
+    A worker whose step traces again (Keras's ``train_on_batch`` does for a
+    batch of a new shape, which another worker may not have) then still
+    meets the others. Nested uses keep the outermost range.
+
+    Args:
+        owner: The model whose step traces.
+        step: Which of its steps.
+    """
+    if getattr(_tracing, "keys", None) is not None:
+        yield
+        return
+    named = (id(owner), step)
+    if named not in _step_keys:
+        _step_keys[named] = reserve(STEP_KEYS)
+    _tracing.keys = [_step_keys[named], 0]
+    try:
+        yield
+    finally:
+        _tracing.keys = None
+
+
+def forget_step_keys(owner: Any, step: str) -> None:
+    """Makes the next trace of `owner`'s `step` reserve a new range
+    (`step_keys`): Keras made a new function for it."""
+    _step_keys.pop((id(owner), step), None)
+
+
+def worker_key(count: int = 1) -> int:
+    """The first of `count` instance keys for collectives over the workers.
+
+    Traced inside `step_keys`, the step's next keys; else (eager, or outside
+    a step) keys no collective has used (`reserve`).
+
+    Raises:
+        RuntimeError: If a step's trace takes more than `STEP_KEYS` keys.
+    """
+    current = getattr(_tracing, "keys", None)
+    if current is None or tf.executing_eagerly():
+        return reserve(count)
+    first, taken = current
+    if taken + count > STEP_KEYS:
+        raise RuntimeError(
+            f"A step took more than {STEP_KEYS} collective keys over the "
+            "workers; kerastower.reduce.keys.STEP_KEYS must grow."
+        )
+    current[1] = taken + count
+    return first + taken
+
+
 RUN_KEYS = 1 << 29
 _run_keys: list = []  # [first key, counter variable], made by `run_key`
 
@@ -298,7 +364,7 @@ class StepBlock:
     """
 
     def __init__(self, workers: int, batch: tf.Tensor | None = None):
-        self._first = reserve(STEP_BLOCK)
+        self._first = worker_key(STEP_BLOCK)
         self.group = (
             WORKERS_GROUP_KEY
             if batch is None

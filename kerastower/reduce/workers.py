@@ -96,7 +96,7 @@ def _over_workers(model, value, group_key=keys.WORKERS_GROUP_KEY, gather=False):
         value,
         model.num_workers,
         model.tower_devices[0],
-        keys.reserve(),
+        keys.worker_key(),
         multi_worker.timeout(),
         group_key,
         gather,

@@ -21,7 +21,7 @@ from typing import Any
 import tensorflow as tf
 
 from kerastower._keras_compat import family
-from kerastower.reduce import workers
+from kerastower.reduce import keys, workers
 from kerastower.step.plan import ONE_DEVICE, StepPlan
 
 
@@ -91,7 +91,10 @@ def over_workers(train_step: Callable) -> Callable:
 
     @functools.wraps(train_step)
     def wrapped(self, data):  # one worker: the step itself
-        with workers.MetricsOverWorkers(self) as over:
+        with (
+            keys.step_keys(self, "train_step"),
+            workers.MetricsOverWorkers(self) as over,
+        ):
             logs = train_step(self, data)
         return over.logs(logs, keep_logs=True)
 

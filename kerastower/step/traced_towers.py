@@ -148,7 +148,11 @@ def run(
     towers = model.num_towers
     sizes, weights, shards = tower_shards(data, batch, total, towers)
     strategy = model.tower_strategy
-    first_key = keys.reserve(keys.STEP_BLOCK)
+    first_key = (
+        keys.reserve(keys.STEP_BLOCK)
+        if calls is None
+        else keys.worker_key(keys.STEP_BLOCK)
+    )
 
     primaries = list(replicated[0]) if replicated else []
 

@@ -135,6 +135,49 @@ def test_call_groups_name_which_workers_run_their_batch_on_one_tower():
     assert keys.CALL_GROUPS + 2**keys.MAX_TRACED_WORKERS < keys.WORKERS_GROUP_KEY
 
 
+def test_every_trace_of_a_step_takes_the_same_keys_over_the_workers():
+    # A worker whose step traces again (a batch of a new shape) must take the
+    # keys its first trace took, which another worker may still be using.
+    owner = object()
+    taken = []
+
+    def trace(x):
+        with keys.step_keys(owner, "train_step"):
+            with keys.step_keys(owner, "test_step"):  # nested: the outer range
+                first = keys.worker_key()
+            taken.append((first, keys.worker_key(3), keys.worker_key()))
+        return x
+
+    function = tf.function(trace)
+    function(tf.zeros([4]))
+    function(tf.zeros([3]))  # a new shape: traced again
+    assert len(taken) == 2 and taken[0] == taken[1]
+    first, block, last = taken[0]
+    assert (block, last) == (first + 1, first + 4)
+    # A new step function (Keras made one): a new range.
+    keys.forget_step_keys(owner, "train_step")
+    function = tf.function(trace)
+    function(tf.zeros([4]))
+    assert abs(taken[2][0] - first) >= keys.STEP_KEYS
+    # Eager, or outside a step, every key is new.
+    assert keys.worker_key() != keys.worker_key()
+    with keys.step_keys(owner, "train_step"):
+        assert keys.worker_key() != keys.worker_key()
+
+
+def test_a_step_that_takes_too_many_keys_says_which_constant_to_grow():
+    owner = object()
+
+    @tf.function
+    def trace():
+        with keys.step_keys(owner, "train_step"):
+            keys.worker_key(keys.STEP_KEYS)
+            keys.worker_key()
+
+    with pytest.raises(RuntimeError, match="STEP_KEYS must grow"):
+        trace()
+
+
 def _conv_bn_stack(depth: int) -> keras.Model:
     x = inputs = keras.Input((4, 4, 2))
     for _ in range(depth):

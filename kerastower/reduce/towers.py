@@ -240,8 +240,9 @@ def over_workers(
         instance_key: The collective's instance key (`kerastower.reduce.keys`).
         timeout_seconds: How long it may wait for the other workers; 0 for
             no limit.
-        group_key: The group: `keys.WORKERS_GROUP_KEY`, or a group of one
-            shape of gathered rows (`keys.rows_group`).
+        group_key: The group: `keys.WORKERS_GROUP_KEY`, or one whose sums
+            keep one shape, of a global batch size (`keys.batch_group_key`)
+            or of gathered rows (`keys.rows_group`).
         gather: Whether to gather rather than sum.
 
     Returns:

@@ -69,9 +69,10 @@ def sum_over_workers(model: keras.Model, values: Any) -> Any:
     """Sums a nest of tensors over the workers of `model` (identity on one).
 
     One collective per dtype over the workers' first towers
-    (`kerastower.reduce.towers.over_workers`), with instance keys reserved
-    where it is traced: the same keys at every run, also inside a loop of
-    several steps (``steps_per_execution``). Every worker must call it
+    (`kerastower.reduce.towers.over_workers`), with the instance keys of
+    the step being traced (`kerastower.reduce.keys.worker_key`): the same
+    keys at every run and every trace, also inside a loop of several steps
+    (``steps_per_execution``). Every worker must call it
     outside the branches of a step, with the same shapes at every run.
 
     Args:
@@ -124,7 +125,7 @@ def gather_slices(
         The gathered slices, the same on every worker.
     """
     workers = model.num_workers
-    members = ("the first tower of every worker", workers)
+    members = keys.first_towers(workers)
     out = []
     for piece in slices:
         rows = tf.shape(piece.indices, out_type=tf.int64)[0]

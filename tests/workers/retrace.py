@@ -23,18 +23,18 @@ SIZES = ([4, 4, 4], [4, 4, 3])  # worker 1 traces its step twice
 
 def worker_data(index: int):
     rng = np.random.default_rng(200 + index)
-    x = rng.normal(size=(sum(SIZES[index]), 5)).astype("float32")
+    x = rng.normal(size=(sum(SIZES[index]), 5))  # float64: exact sums
     return x, x[:, :1] * 2.0 - x[:, 1:2]
 
 
 def graph(seed: int):
     keras.utils.set_random_seed(seed)
-    inputs = keras.Input((5,))
+    inputs = keras.Input((5,), dtype="float64")
     # No bias before the normalisation: its gradient is zero but for
     # rounding, which Adam would blow up to steps of the learning rate.
-    dense = keras.layers.Dense(8, use_bias=False)(inputs)
-    hidden = keras.layers.BatchNormalization()(dense)
-    return inputs, keras.layers.Dense(1)(hidden)
+    dense = keras.layers.Dense(8, use_bias=False, dtype="float64")(inputs)
+    hidden = keras.layers.BatchNormalization(dtype="float64")(dense)
+    return inputs, keras.layers.Dense(1, dtype="float64")(hidden)
 
 
 def main(out: str) -> None:

@@ -242,6 +242,35 @@ def test_calls_without_graph_optimizer_mark_only_their_calls():
     assert [float(t) for t in step(tf.constant(1.5))] == [3.0, 6.0]
 
 
+def test_calls_with_graph_passes_get_one_round_of_those_passes_only():
+    import tensorflow as tf
+
+    call = tf.function(lambda x: x * 2.0).get_concrete_function(
+        tf.TensorSpec([], tf.float32)
+    )
+
+    def rewrites(op):
+        config = tf.compat.v1.ConfigProto.FromString(op.get_attr("config_proto"))
+        options = config.graph_options.rewrite_options
+        return list(options.optimizers), options.meta_optimizer_iterations
+
+    @tf.function
+    def step(x):
+        with _keras_compat.calls_with_graph_passes(("constfold", "remap")):
+            inside = call(x)
+        return inside, call(inside)
+
+    graph = step.get_concrete_function(tf.constant(1.0)).graph
+    calls = [op for op in graph.get_operations() if "PartitionedCall" in op.type]
+    options = tf.compat.v1.ConfigProto().graph_options.rewrite_options
+    one_round, default = options.ONE, options.DEFAULT_NUM_ITERS
+    assert [rewrites(op) for op in calls] == [
+        (["constfold", "remap"], one_round),
+        ([], default),
+    ]
+    assert [float(t) for t in step(tf.constant(1.5))] == [3.0, 6.0]
+
+
 def test_a_traced_towers_replica_context_reads_its_tower_and_sums_with_its_function():
     import tensorflow as tf
 
@@ -270,3 +299,11 @@ def test_a_traced_towers_replica_context_reads_its_tower_and_sums_with_its_funct
     tower, total = body(tf.constant(1))
     assert (int(tower), float(total), summed) == (1, 3.0, [1])
     assert not tf.distribute.has_strategy()  # the context was left
+
+
+def test_kernel_passes_make_layouts_the_devices_own_on_gpus_only():
+    cpus = ["/job:localhost/replica:0/task:0/device:CPU:0", "/device:CPU:1"]
+    passes = _keras_compat.kernel_passes(cpus)
+    assert passes == ("pruning", "constfold", "arithmetic", "remap", "dependency")
+    on_gpus = _keras_compat.kernel_passes(["/device:GPU:0", "/device:GPU:1"])
+    assert on_gpus == (*passes[:3], "layout", *passes[3:])

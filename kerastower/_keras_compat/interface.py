@@ -44,8 +44,10 @@ from kerastower._keras_compat.tensorflow.collectives import (
 )
 from kerastower._keras_compat.tensorflow.tower_calls import (
     call_with_captures,
+    calls_with_graph_passes,
     calls_without_graph_optimizer,
     keeps_functions_apart,
+    kernel_passes,
     orders_calls_here,
     run_independently,
     tower_replica_context,
@@ -137,6 +139,7 @@ __all__ = [
     "build_metrics",
     "build_optimizer",
     "call_with_captures",
+    "calls_with_graph_passes",
     "calls_without_graph_optimizer",
     "check_execution_steps",
     "check_prepared",
@@ -161,6 +164,7 @@ __all__ = [
     "is_spectral_normalization",
     "is_variable",
     "keeps_functions_apart",
+    "kernel_passes",
     "keras_files_hold_optimizer",
     "learning_rate_slot",
     "loss_divisor",

@@ -39,19 +39,20 @@ it makes the model's assignments) is now an input:
 A call of a function that holds collectives is stateful, and TensorFlow's
 automatic control dependencies would run the calls one after the other:
 the first tower's sum would wait forever for the others. The calls are
-taken out of that order (`kerastower._keras_compat.run_independently`) and
-skip the graph optimiser (`calls_without_graph_optimizer`): it would run
-once per device on the same function. The step around them gets one round
-of Grappler instead of two (`TowerModel` makes Keras's step functions so:
-`kerastower._keras_compat.tensorflow.tower_calls.OptimisedOnce`): the second
-round changed nothing and instantiated the tower function again for every
-call it might inline. Turned off for the step, Grappler would save more of
+taken out of that order (`kerastower._keras_compat.run_independently`).
+The graph optimiser runs once per device on the same function: the calls
+skip it (`calls_without_graph_optimizer`), or, reading replicas, get one
+round of its passes that speed up kernels (`calls_with_graph_passes`).
+The step around them gets one round of Grappler instead of two
+(`TowerModel` makes Keras's step functions so:
+`kerastower._keras_compat.tensorflow.tower_calls.OptimisedOnce`): the
+second round changed nothing and instantiated the tower function again for
+every call it might inline. Turned off for the step, Grappler would save more of
 the first step, but a fit's steps took up to 17% longer.
 """
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -202,6 +203,20 @@ def run(
         for members in (towers, 1)
     }
 
+    # Grappler optimises each call's instantiation, once per device. Towers
+    # reading the model's variables skip it: on ResNet50 it cost 0.4 s of
+    # the first step per call, for steady steps within the noise. Towers
+    # reading their replicas get one round of its passes that speed up
+    # kernels (all of them, twice, cost 1.4 times as long, for steady
+    # steps as long): their first step waits on the replicas' updates, and
+    # Grappler took 15-20% off their steady step (the Transformer of
+    # bench.trace).
+    def graph_passes():
+        if not replicated:
+            return _keras_compat.calls_without_graph_optimizer()
+        passes = _keras_compat.kernel_passes(model.tower_devices)
+        return _keras_compat.calls_with_graph_passes(passes)
+
     def call(tower, shard, weight, tower_sizes, members):
         group_size, group = groups[members]
         device = model.tower_devices[tower]
@@ -215,16 +230,7 @@ def run(
         # Grappler specialises a function for each call whose inputs are
         # constants, and optimises each specialisation: unseen, they are not.
         args = (*tf.nest.map_structure(_unseen, args), values)
-        # Towers reading the model's variables skip Grappler: it cost their
-        # first step more than it saved. Towers reading their replicas keep
-        # it: their first step waits on the replicas' updates, and Grappler
-        # took 15-20% off their steady step (the Transformer of bench.trace).
-        options = (
-            contextlib.nullcontext()
-            if replicated
-            else _keras_compat.calls_without_graph_optimizer()
-        )
-        with tf.device(device), options:
+        with tf.device(device), graph_passes():
             result = concrete(*args)
         calls = {
             leaf.op

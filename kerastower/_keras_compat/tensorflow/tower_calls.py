@@ -11,8 +11,10 @@ TensorFlow that it has no public API for (see `bench/trace_once.py`):
   would wait forever for towers that cannot start.
 - `calls_without_graph_optimizer`: each call is instantiated on its device,
   and Grappler optimises the function once per instantiation: on ResNet50
-  with 4 towers, most of the first step's time. The step that holds the
-  calls gets one round of Grappler, not two (`OptimisedOnce`).
+  with 4 towers, most of the first step's time. `calls_with_graph_passes`
+  gives the calls one round of the passes that speed up kernels
+  (`kernel_passes`) instead. The step that holds the calls gets one round
+  of Grappler, not two (`OptimisedOnce`).
 
 Each hook is checked when used: a TensorFlow change raises an error naming
 it.
@@ -20,7 +22,7 @@ it.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -98,6 +100,38 @@ def calls_without_graph_optimizer():
 
     def edit(options):
         options.disable_meta_optimizer = True
+
+    return _call_options(edit)
+
+
+def kernel_passes(devices: Sequence[str]) -> tuple[str, ...]:
+    """Grappler's passes that speed up the kernels of a function called on
+    `devices`, in Grappler's own order.
+
+    Dead ops pruned, constants folded, arithmetic simplified, ops fused (a
+    convolution with its bias and activation, a layer normalisation), control
+    edges dropped, and where a device is a GPU, layouts made its own (NCHW
+    convolutions); not the function, loop and memory optimisers and the
+    others, which found nothing more to speed up in a tower's function.
+    """
+    on_gpu = any(tf.DeviceSpec.from_string(d).device_type == "GPU" for d in devices)
+    layout = ("layout",) if on_gpu else ()
+    return ("pruning", "constfold", "arithmetic", *layout, "remap", "dependency")
+
+
+def calls_with_graph_passes(passes: Sequence[str]):
+    """Function calls traced while open get one round of Grappler's `passes`
+    when instantiated, and no other pass.
+
+    The calls' ``config_proto`` is the current one with the meta optimizer's
+    pass list set (``RewriterConfig.optimizers``, which replaces its default
+    passes and order); the function that traces them is optimised as before.
+    """
+
+    def edit(options):
+        options.meta_optimizer_iterations = options.ONE
+        del options.optimizers[:]
+        options.optimizers.extend(passes)
 
     return _call_options(edit)
 

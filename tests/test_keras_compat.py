@@ -307,28 +307,3 @@ def test_kernel_passes_make_layouts_the_devices_own_on_gpus_only():
     assert passes == ("pruning", "constfold", "arithmetic", "remap", "dependency")
     on_gpus = _keras_compat.kernel_passes(["/device:GPU:0", "/device:GPU:1"])
     assert on_gpus == (*passes[:3], "layout", *passes[3:])
-
-
-def test_call_structured_with_captures_reads_the_variables_passed_in_place():
-    import tensorflow as tf
-
-    a, b = tf.Variable(2.0), tf.Variable(5.0)
-    scaled = tf.function(
-        lambda pair: {"out": pair[0] * a + pair[1]}
-    ).get_concrete_function(
-        (tf.TensorSpec([], tf.float32), tf.TensorSpec([], tf.float32))
-    )
-
-    @tf.function
-    def step(x):
-        own = scaled((x, 1.0))
-        other = _keras_compat.call_structured_with_captures(
-            scaled, ((x, 1.0),), {id(a.handle): b.handle}
-        )
-        return own["out"], other["out"]
-
-    assert [float(t) for t in step(tf.constant(3.0))] == [7.0, 16.0]
-    with pytest.raises(_keras_compat.KerasCompatibilityError, match="captured_inputs"):
-        _keras_compat.call_structured_with_captures(
-            scaled, ((1.0, 1.0),), {id(b.handle): a.handle}
-        )

@@ -43,7 +43,6 @@ from kerastower._keras_compat.tensorflow.collectives import (
     strategy_num_workers,
 )
 from kerastower._keras_compat.tensorflow.tower_calls import (
-    call_structured_with_captures,
     call_with_captures,
     calls_with_graph_passes,
     calls_without_graph_optimizer,
@@ -139,7 +138,6 @@ __all__ = [
     "build_before_towers",
     "build_metrics",
     "build_optimizer",
-    "call_structured_with_captures",
     "call_with_captures",
     "calls_with_graph_passes",
     "calls_without_graph_optimizer",

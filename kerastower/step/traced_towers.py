@@ -28,11 +28,10 @@ it makes the model's assignments) is now an input:
   `kerastower.reduce.towers.gather_over_towers`) change shape with the
   batch while an instance key keeps the shape it first summed, in one group
   per batch size (`kerastower.reduce.keys.batch_group_key`);
-- with replicas, its replicas, read on its device (tower 0's are the
-  model's own variables): the function reads the model's variables, and
-  each other tower's call passes its replicas' handles in their place; the
-  function differentiates the values it read, and the replicas' updates
-  stay outside it;
+- with replicas, its replicas' resource handles (tower 0's are the
+  model's own variables): the function reads them, on the tower's device,
+  and differentiates the values it read; the replicas' updates stay
+  outside it;
 - every tower reads the model's weights through a `keras.StatelessScope`
   and returns what it would assign (`kerastower.step.layer_updates`); the
   step makes tower 0's assignments after the calls, as the towers traced one
@@ -99,6 +98,13 @@ def _unseen(value: Any) -> Any:
     return tf.compat.v1.placeholder_with_default(value, value.shape)
 
 
+def _read(handle: tf.Tensor, variable: Any) -> tf.Tensor:
+    """The value of the variable whose resource `handle` is given, a replica
+    of `variable` (of its shape and dtype), read where it lives."""
+    value = tf.raw_ops.ReadVariableOp(resource=handle, dtype=variable.dtype)
+    return tf.ensure_shape(value, variable.shape)
+
+
 def _spec(value: Any) -> Any:
     """The `tf.TypeSpec` of `value` with its batch dimension unknown."""
     spec = tf.type_spec_from_value(value)
@@ -133,11 +139,10 @@ def run(
         batch: ``B``, int32.
         total: ``B``, float32 (this worker's examples).
         replicated: With replicas, each tower's replicated variables, tower
-            0's (the model's own) first: the function reads tower 0's, and
-            tower ``i`` calls it with the handles of ``replicated[i]`` in
-            their place (`kerastower._keras_compat.call_structured_with_captures`),
-            so that one trace reads every tower's replicas, on its device;
-            the body gets the values by ``id`` of tower 0's variable.
+            0's (the model's own) first: tower ``i`` passes the resource
+            handles of ``replicated[i]``, and the function reads them, where
+            they live, so that one trace reads every tower's replicas; the
+            body gets the values by ``id`` of tower 0's variable.
         calls: On several workers, ``(group_size, group_key)`` of the calls
             of every worker's towers (`kerastower.reduce.keys.calls_group`),
             in which every sum over the towers spans the workers; ``None``
@@ -162,10 +167,12 @@ def run(
 
     timeout = multi_worker.timeout() if calls is not None else 0.0
 
-    def traced_tower(shard, weight, tower, tower_sizes, group_size, group_key):
+    def traced_tower(shard, weight, tower, tower_sizes, group_size, group_key, handles):
         collectives = TowerCollectives(group_size, group_key, first_key, timeout)
         replica_values = (
-            {id(v): tf.convert_to_tensor(v) for v in primaries} if replicated else None
+            {id(v): _read(handle, v) for v, handle in zip(primaries, handles)}
+            if replicated
+            else None
         )
         with _keras_compat.tower_replica_context(strategy, tower, collectives):
             with frame.towers(tower_sizes) as losses:
@@ -183,12 +190,8 @@ def run(
         tf.TensorSpec([towers], tf.int32),
         int32,
         int32,
+        [tf.TensorSpec([], tf.resource) for _ in primaries],
     )
-    # Tower i >= 1 passes its replicas' handles for the model's variables'.
-    replaced = [
-        {id(v.handle): copy.handle for v, copy in zip(primaries, copies)}
-        for copies in (replicated or [[]])
-    ]
 
     # The groups of the calls that run together: every tower, or the first
     # alone; with `global_batch_loss`, whose sums follow the batch, one per
@@ -228,13 +231,9 @@ def run(
         # Grappler specialises a function for each call whose inputs are
         # constants, and optimises each specialisation: unseen, they are not.
         args = tf.nest.map_structure(_unseen, args)
+        handles = [v.handle for v in replicated[tower]] if replicated else []
         with tf.device(model.tower_devices[tower]), graph_passes():
-            if tower and replicated:
-                result = _keras_compat.call_structured_with_captures(
-                    concrete, args, replaced[tower]
-                )
-            else:
-                result = concrete(*args)
+            result = concrete(*args, handles)
         calls = {
             leaf.op
             for leaf in tf.nest.flatten(result, expand_composites=True)

@@ -249,36 +249,3 @@ def call_with_captures(function: Any, inputs: list, replace: dict[int, Any]) -> 
         )
     call_flat = _attribute(function, "_call_flat", "ConcreteFunction")
     return call_flat(list(inputs), [replace.get(id(c), c) for c in captured])
-
-
-def call_structured_with_captures(function: Any, args: tuple, replace: dict[int, Any]):
-    """Calls the concrete `function` on `args`, as ``function(*args)`` does,
-    with other variables than it captured (see `call_with_captures`).
-
-    Args:
-        function: A `tf.types.experimental.ConcreteFunction`.
-        args: Its positional arguments.
-        replace: Maps the ``id`` of a captured handle to the handle to pass
-            instead; each must be a handle that `function` captured.
-
-    Returns:
-        What the call returns, structured as ``function(*args)`` returns it.
-    """
-    try:
-        from tensorflow.python.eager.polymorphic_function import function_type_utils
-    except ImportError as error:  # pragma: no cover - depends on TensorFlow
-        raise _fail(
-            "tensorflow.python.eager.polymorphic_function.function_type_utils",
-            "cannot be imported",
-        ) from error
-    canonicalize = _attribute(
-        function_type_utils, "canonicalize_function_inputs", "function_type_utils"
-    )
-    function_type = _attribute(function, "function_type", "ConcreteFunction")
-    unpack = _attribute(function_type, "unpack_inputs", "FunctionType")
-    call_flat = _attribute(function, "_call_flat", "ConcreteFunction")
-    flat = unpack(canonicalize(args, {}, function_type))
-    captured = list(function.captured_inputs)
-    if not set(replace) <= {id(c) for c in captured}:
-        raise _fail("ConcreteFunction.captured_inputs", "misses a variable it read")
-    return call_flat(flat, [replace.get(id(c), c) for c in captured])

@@ -48,8 +48,8 @@ The step around them gets one round of Grappler instead of two
 (`TowerModel` makes Keras's step functions so:
 `kerastower._keras_compat.tensorflow.tower_calls.OptimisedOnce`): the
 second round changed nothing and instantiated the tower function again for
-every call it might inline. Turned off for the step, Grappler would save more of
-the first step, but a fit's steps took up to 17% longer.
+every call it might inline. Turned off for the step, Grappler would save
+more of the first step, but a fit's steps took up to 17% longer.
 """
 
 from __future__ import annotations
@@ -219,10 +219,11 @@ def run(
     # steps as long): their first step waits on the replicas' updates, and
     # Grappler took 15-20% off their steady step (the Transformer of
     # bench.trace).
+    passes = _keras_compat.kernel_passes(model.tower_devices) if replicated else ()
+
     def graph_passes():
-        if not replicated:
+        if not passes:
             return _keras_compat.calls_without_graph_optimizer()
-        passes = _keras_compat.kernel_passes(model.tower_devices)
         return _keras_compat.calls_with_graph_passes(passes)
 
     def call(tower, shard, weight, tower_sizes, members):

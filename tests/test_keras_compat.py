@@ -210,6 +210,34 @@ def test_tower_calls_run_independently_and_meet_in_their_collective():
     np.testing.assert_array_equal(step(x).numpy(), np.stack([expected] * 4))
 
 
+def test_a_resource_barrier_orders_independent_calls_between_writes():
+    import tensorflow as tf
+
+    v = tf.Variable(1.0)
+    read = tf.function(lambda h: tf.raw_ops.ReadVariableOp(resource=h, dtype=v.dtype))
+    read = read.get_concrete_function(tf.TensorSpec([], tf.resource))
+    ops = {}
+
+    @tf.function
+    def step():
+        ops["first"] = v.assign(2.0).op
+        ops["before"] = _keras_compat.resource_barrier([v.handle])
+        with tf.control_dependencies([ops["before"]]):
+            value = read(v.handle)
+        ops["call"] = value.op
+        _keras_compat.run_independently(value.op)
+        with tf.control_dependencies([value.op]):
+            ops["after"] = _keras_compat.resource_barrier([v.handle])
+        ops["last"] = v.assign(3.0).op
+        return value
+
+    step.get_concrete_function()  # automatic control dependencies are added
+    assert ops["first"] in ops["before"].control_inputs
+    assert ops["call"].control_inputs == [ops["before"]]
+    assert ops["after"] in ops["last"].control_inputs
+    assert float(step()) == 2.0 and float(v.numpy()) == 3.0
+
+
 def test_run_independently_outside_a_traced_function_is_an_error():
     import tensorflow as tf
 

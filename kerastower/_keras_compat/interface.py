@@ -49,6 +49,7 @@ from kerastower._keras_compat.tensorflow.tower_calls import (
     keeps_functions_apart,
     kernel_passes,
     orders_calls_here,
+    resource_barrier,
     run_independently,
     tower_replica_context,
 )
@@ -179,6 +180,7 @@ __all__ = [
     "register_alias",
     "register_serializable",
     "restore_batch_norm",
+    "resource_barrier",
     "restore_spectral_update",
     "run_independently",
     "runtime_started",

@@ -19,7 +19,9 @@ tower's device and sends its gradients back there, so that device moves about
    summed with one ``CollectiveReduceV2`` (ring on CPUs, NCCL on GPUs with
    ``communication_hint="auto"``), so every tower receives the same
    ``g = sum_i g_i``: the ring's all-gather copies each reduced chunk, so the
-   towers' sums are bitwise identical (`kerastower.reduce.ring`). Sparse
+   towers' sums are bitwise identical (`kerastower.reduce.ring`); a tower
+   traced once on one worker sums its own in its function, with the same
+   buckets (`ring_gradients.sum_in_call`). Sparse
    gradients (`tf.IndexedSlices`) are all-gathered as rows, values and
    indices, in tower order (as `MirroredStrategy` gathers them), and each
    tower combines the rows as one device has them
@@ -166,6 +168,12 @@ class Replicas:
             self._copies.append(copies)
 
     @property
+    def tokens(self) -> list[tf.Variable]:
+        """One variable per tower that orders its collectives of gradients
+        (`kerastower.reduce.ring.Ring`'s ``tokens``)."""
+        return list(self._tokens)
+
+    @property
     def built(self) -> bool:
         """Whether `ensure` has made the replicas."""
         return self._key is not None
@@ -267,6 +275,7 @@ class Replicas:
         static_rows: Sequence[bool | None] | None = None,
         accumulator: Any = None,
         batch_size: Any = None,
+        summed: bool = False,
     ) -> list[Any]:
         """All-reduces the towers' gradients and updates every replica.
 
@@ -283,35 +292,41 @@ class Replicas:
                 of applying it; the accumulator applies the windows.
             batch_size: The micro-batch's global batch size, with
                 `accumulator`.
+            summed: Whether the towers summed their dense gradients
+                already (see `reduce`).
 
         Returns:
             Tower 0's summed gradients, on its device, for the model's own
             optimizer.
         """
         variables = [self._primaries[j] for j in indices]
-        summed = self.reduce(per_tower, variables, static_rows)
+        sums = self.reduce(per_tower, variables, static_rows, summed)
         fixed = {j for j, rows in zip(indices, static_rows or []) if rows}
         for tower in range(1, len(self.devices)):
             if accumulator is None:
-                self.apply(tower, summed[tower], indices)
+                self.apply(tower, sums[tower], indices)
             else:
                 with tf.device(self.devices[tower]):
                     accumulator.accumulate_replica(
-                        tower, summed[tower], indices, batch_size, fixed
+                        tower, sums[tower], indices, batch_size, fixed
                     )
-        return summed[0]
+        return sums[0]
 
     def reduce(
         self,
         per_tower: Sequence[Sequence[Any]],
         variables: Sequence[Any],
         static_rows: Sequence[bool | None] | None = None,
+        summed: bool = False,
     ) -> list[list[Any]]:
         """All-reduces the towers' gradients of `variables`; every tower gets
         the sum on its device (see `ring_gradients.all_reduce`).
 
         `per_tower` holds each tower's gradients, tower 0 first, or one list
-        when the batch ran whole on tower 0 (see `every_tower`).
+        when the batch ran whole on tower 0 (see `every_tower`). With
+        `summed`, its dense gradients are each tower's sums already (a tower
+        traced once sums them inside, `ring_gradients.sum_in_call`): only
+        the sparse ones are gathered.
         """
         per_tower = self.every_tower(per_tower)
         # A dense gradient's static shape can be partly unknown (a `Dense`
@@ -321,7 +336,9 @@ class Replicas:
             with tf.device(device):
                 shaped.append([_shaped_like(g, v) for g, v in zip(grads, variables)])
         ring = Ring(self.devices, self._tokens, self._span)
-        return ring_gradients.all_reduce(ring, shaped, static_rows, self.options)
+        return ring_gradients.all_reduce(
+            ring, shaped, static_rows, self.options, summed
+        )
 
     def every_tower(self, per_tower: Sequence[Sequence[Any]]) -> list[list[Any]]:
         """`per_tower`, with gradients that add nothing for towers that did not run.

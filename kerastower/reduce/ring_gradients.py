@@ -16,13 +16,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import tensorflow as tf
 
 from kerastower.reduce.gradients import has_static_rows, merge_rows
-from kerastower.reduce.ring import AllReduceOptions, Ring
+from kerastower.reduce.ring import AllReduceOptions, Ring, buckets, pack, unpack
 
 
 def nothing_like(gradient: Any) -> Any:
@@ -37,11 +37,68 @@ def nothing_like(gradient: Any) -> Any:
     return tf.zeros_like(gradient)
 
 
+def silenced(gradients: Sequence[Any], runs: tf.Tensor) -> list[Any]:
+    """`gradients`, or, where `runs` (a bool scalar) is false, gradients
+    that add nothing (`nothing_like`) in their place."""
+    out = []
+    for gradient in gradients:
+        if isinstance(gradient, tf.IndexedSlices):
+            rows = tf.where(runs, tf.shape(gradient.indices)[0], 0)
+            out.append(
+                tf.IndexedSlices(
+                    gradient.values[:rows],
+                    gradient.indices[:rows],
+                    gradient.dense_shape,
+                )
+            )
+        else:
+            out.append(tf.where(runs, gradient, tf.zeros_like(gradient)))
+    return out
+
+
+def sum_in_call(
+    gradients: Sequence[Any],
+    shapes: Sequence[tf.TensorShape],
+    sum_flat: Callable[[tf.Tensor], tf.Tensor],
+    options: AllReduceOptions,
+) -> list[Any]:
+    """One tower's dense gradients summed over the towers, from inside the
+    tower's function (`kerastower.step.traced_towers`), called on every tower.
+
+    As `all_reduce` sums them: packed per dtype into the same buckets, each
+    summed by one collective (`sum_flat`, over the calls), so every tower
+    gets the same bits. Sparse gradients are returned as they are.
+
+    Args:
+        gradients: The tower's gradients.
+        shapes: Their variables' static shapes.
+        sum_flat: Sums a vector over the calls, one collective per call
+            (`kerastower.reduce.towers.TowerCollectives.sum_flat`).
+        options: The buckets' size and compression.
+    """
+    out = list(gradients)
+    dense = [k for k, g in enumerate(gradients) if not isinstance(g, tf.IndexedSlices)]
+    for dtype in sorted({gradients[k].dtype for k in dense}, key=str):
+        where = [k for k in dense if gradients[k].dtype == dtype]
+        wire = dtype
+        if options.compression and dtype == tf.float32:
+            wire = tf.as_dtype(options.compression)
+        sizes = [shapes[k].num_elements() * dtype.size for k in where]
+        for bucket in buckets(sizes, options.bucket_bytes):
+            chosen = [where[b] for b in bucket]
+            flat = tf.cast(pack([gradients[k] for k in chosen]), wire)
+            total = tf.cast(sum_flat(flat), dtype)
+            for k, piece in zip(chosen, unpack(total, [shapes[k] for k in chosen])):
+                out[k] = piece
+    return out
+
+
 def all_reduce(
     ring: Ring,
     per_tower: Sequence[Sequence[Any]],
     static_rows: Sequence[bool | None] | None,
     options: AllReduceOptions,
+    summed: bool = False,
 ) -> list[list[Any]]:
     """Sums the towers' gradients; every tower gets the sum on its device.
 
@@ -52,6 +109,8 @@ def all_reduce(
         static_rows: Per gradient, `kerastower.reduce.gradients.sum_gradients`'s
             ``static_rows`` for sparse ones (``None``: from the shapes).
         options: The dense buckets' size and compression.
+        summed: Whether the dense gradients are sums already (`sum_in_call`):
+            only the sparse ones are then gathered.
 
     Returns:
         Each tower's sums, in the order of its gradients.
@@ -85,6 +144,11 @@ def all_reduce(
                 )
                 grads[k] = merge_rows(rows) if merge else rows
     dense = [k for k in range(count) if k not in sparse]
+    if summed:
+        for tower, grads in enumerate(out):
+            for k in dense:
+                grads[k] = per_tower[tower][k]
+        return out
     for dtype in sorted({per_tower[0][k].dtype for k in dense}, key=str):
         where = [k for k in dense if per_tower[0][k].dtype == dtype]
         tensors = []

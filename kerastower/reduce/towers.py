@@ -302,6 +302,9 @@ class TowerCollectives:
         first_key: The first of the instance keys the function may use.
         timeout_seconds: How long a collective may wait for the other
             workers' calls; 0 for no limit.
+        token: A resource handle that orders the collectives among
+            themselves only (`tf.distribute`'s ordering token), or ``None``
+            to order them with the function's other stateful ops.
     """
 
     def __init__(
@@ -310,17 +313,20 @@ class TowerCollectives:
         group_key: tf.Tensor,
         first_key: int,
         timeout_seconds: float = 0.0,
+        token: tf.Tensor | None = None,
     ):
         self.group_size = group_size
         self.group_key = group_key
         self.first_key = first_key
         self.timeout_seconds = timeout_seconds
+        self.token = token
         self.used = 0
 
     def __call__(self, values: Sequence[tf.Tensor]) -> list[tf.Tensor]:
-        return sum_by_dtype(values, self._sum)
+        return sum_by_dtype(values, self.sum_flat)
 
-    def _sum(self, flat: tf.Tensor) -> tf.Tensor:
+    def sum_flat(self, flat: tf.Tensor) -> tf.Tensor:
+        """`flat`, a vector, summed over the calls with the next key."""
         if self.used >= keys.STEP_BLOCK:
             raise RuntimeError(
                 f"A tower issued more than {keys.STEP_BLOCK} sums in one step."
@@ -330,7 +336,7 @@ class TowerCollectives:
             group_size=self.group_size,
             group_key=self.group_key,
             instance_key=self.first_key + self.used,
-            ordering_token=[],
+            ordering_token=[] if self.token is None else [self.token],
             merge_op="Add",
             final_op="Id",
             timeout_seconds=self.timeout_seconds,

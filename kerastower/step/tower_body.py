@@ -158,6 +158,10 @@ class Gradients(TowerBody):
             tower has traced.
         static_rows: Per connected index, whether its gradient gathers a
             fixed set of rows in every way the batch ran, once combined.
+        summed_inside: Whether each tower summed its dense gradients over
+            the towers itself, with replicas, inside the tower traced once
+            (`kerastower.step.traced_towers`): the step then all-reduces
+            the sparse ones only.
     """
 
     def __init__(
@@ -178,6 +182,7 @@ class Gradients(TowerBody):
         self.eager_rows = eager_rows
         self.connected: list[int] = []
         self.static_rows: dict[int, bool] = {}
+        self.summed_inside = False
         self._rows_inside: dict[int, bool] = {}
 
     def __call__(self, shard, weight, losses, replica_values=None):
@@ -205,14 +210,7 @@ class Gradients(TowerBody):
     def combine(self, per_tower: list) -> Any:
         """``(gradients, loss, outputs, per_output, masks)`` of the batch:
         the gradients summed, or with replicas one list per tower."""
-        loss, outputs, per_output, masks = self.loss.combine(per_tower)
-        for j in self.connected:  # both ways of running the batch must agree
-            rows = (
-                self._rows_inside[j]
-                if self.eager_rows is None
-                else j in self.eager_rows
-            )
-            self.static_rows[j] = self.static_rows.get(j, True) and rows
+        loss, outputs, per_output, masks = self.combine_rest(per_tower)
         grads = [t[0] for t in per_tower]
         if self.replicas is None:
             static = [self.static_rows[j] for j in self.connected]
@@ -220,3 +218,15 @@ class Gradients(TowerBody):
         else:  # all-reduced once, after both ways of running the batch
             grads = self.replicas.every_tower(grads)
         return grads, loss, outputs, per_output, masks
+
+    def combine_rest(self, per_tower: list) -> Any:
+        """``(loss, outputs, per_output, masks)`` of the batch, for towers
+        whose gradients are combined apart (`summed_inside`)."""
+        for j in self.connected:  # both ways of running the batch must agree
+            rows = (
+                self._rows_inside[j]
+                if self.eager_rows is None
+                else j in self.eager_rows
+            )
+            self.static_rows[j] = self.static_rows.get(j, True) and rows
+        return self.loss.combine(per_tower)

@@ -20,7 +20,7 @@ import tensorflow as tf
 
 from kerastower import _keras_compat
 from kerastower.reduce import keys, workers
-from kerastower.step import checks, traced_towers
+from kerastower.step import checks, tower_body, traced_towers
 from kerastower.step.plan import TRACED_ONCE, StepPlan
 from kerastower.step.shards import first_leaf, local_results, tower_shards
 from kerastower.step.tower_context import TowerFrame
@@ -109,26 +109,43 @@ class TowerRuns:
             warnings.simplefilter("always")
             if plan.towers == TRACED_ONCE:
                 replicas = plan.replicas
-                replicated = None
-                if replicas is not None and replicas.built:
-                    replicated = [
-                        replicas.replica_variables(i) for i in range(model.num_towers)
-                    ]
+                if replicas is not None and not replicas.built:
+                    replicas = None
+                # With replicas on one worker, the towers sum their dense
+                # gradients inside the traced tower, over every tower.
+                sums_gradients = (
+                    replicas is not None
+                    and calls is None
+                    and isinstance(body, tower_body.Gradients)
+                )
                 runs = traced_towers.run(
-                    model, body, frame, data, batch, total, replicated, calls
+                    model,
+                    body,
+                    frame,
+                    data,
+                    batch,
+                    total,
+                    replicas,
+                    calls,
+                    sums_gradients,
                 )
+                if sums_gradients:
+                    result = self._every_tower(body, runs, batch)
+                else:
 
-                def traced(run):
-                    def branch():
-                        per_tower = run()
-                        body.apply_updates([updates for _, updates in per_tower])
-                        return body.combine([result for result, _ in per_tower])
+                    def traced(run):
+                        def branch():
+                            per_tower = run()
+                            body.apply_updates([updates for _, updates in per_tower])
+                            return body.combine([result for result, _ in per_tower])
 
-                    return branch
+                        return branch
 
-                result = tf.cond(
-                    batch >= model.num_towers, traced(runs[0]), traced(runs[1])
-                )
+                    result = tf.cond(
+                        batch >= model.num_towers,
+                        traced(runs.on_towers),
+                        traced(runs.on_one_tower),
+                    )
             elif plan.xla and model.num_towers == 1:
                 # One tower on several workers: the whole step is one XLA
                 # computation, in which both branches ran the bench convnet's
@@ -141,6 +158,26 @@ class TowerRuns:
             plan.shown_warnings,
         )
         return result, total
+
+    def _every_tower(self, body, runs, batch):
+        """`body`'s result from `traced_towers.Runs.on_every_tower`: every
+        tower's summed gradients, and the rest (and the assignments) of
+        every tower's results, or of the first's when it ran the batch
+        whole."""
+        towers = self.model.num_towers
+        per_tower = runs.on_every_tower(batch < towers)
+        body.summed_inside = True
+
+        def joined(count):
+            def branch():
+                chosen = per_tower[:count]
+                body.apply_updates([updates for _, updates in chosen])
+                return body.combine_rest([result for result, _ in chosen])
+
+            return branch
+
+        rest = tf.cond(batch >= towers, joined(towers), joined(1))
+        return ([result[0] for result, _ in per_tower], *rest)
 
     def run_copies(self, body, frame, data, batch, total, xla):
         """Splits `data` into shards and runs `body` on every tower, in

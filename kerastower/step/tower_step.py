@@ -263,11 +263,19 @@ class TowerStep:
             static = [static_rows[j] for j in connected]
             if update_replicas:  # `total`: every worker's examples
                 grads = replicas.update(
-                    grads, connected, static, plan.accumulator, total
+                    grads,
+                    connected,
+                    static,
+                    plan.accumulator,
+                    total,
+                    body.summed_inside,
                 )
             else:
                 grads = replicas.reduce(
-                    grads, [variables[j] for j in connected], static
+                    grads,
+                    [variables[j] for j in connected],
+                    static,
+                    body.summed_inside,
                 )[0]
         outputs = with_masks(outputs, masks)
         self.loss.update_metrics(

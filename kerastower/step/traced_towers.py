@@ -32,6 +32,15 @@ it makes the model's assignments) is now an input:
   model's own variables): the function reads them, on the tower's device,
   and differentiates the values it read; the replicas' updates stay
   outside it;
+- with replicas on one worker, whether it runs: each call also sums its
+  dense gradients over every tower (`ring_gradients.sum_in_call`, one
+  collective per bucket), so every tower is called at every step
+  (`Runs.on_every_tower`); for a batch smaller than the tower count every
+  tower runs the first tower's whole-batch call, its statistics its own,
+  and those that do not run add nothing to the sums
+  (`ring_gradients.silenced`). The step then holds ``N`` calls, not ``N``
+  towers' packed gradients in a `tf.cond` of ``N x V`` outputs (ResNet50
+  on 8 towers: most of the first step's tracing);
 - every tower reads the model's weights through a `keras.StatelessScope`
   and returns what it would assign (`kerastower.step.layer_updates`); the
   step makes tower 0's assignments after the calls, as the towers traced one
@@ -40,7 +49,10 @@ it makes the model's assignments) is now an input:
 A call of a function that holds collectives is stateful, and TensorFlow's
 automatic control dependencies would run the calls one after the other:
 the first tower's sum would wait forever for the others. The calls are
-taken out of that order (`kerastower._keras_compat.run_independently`).
+taken out of that order (`kerastower._keras_compat.run_independently`);
+outside a `tf.cond`, which orders them as a whole, two barriers
+(`kerastower._keras_compat.resource_barrier`) run them after the step's
+writes to what they read and the next writes after them.
 The graph optimiser runs once per device on the same function: the calls
 skip it (`calls_without_graph_optimizer`), or, reading replicas, get one
 round of its passes that speed up kernels (`calls_with_graph_passes`).
@@ -55,14 +67,15 @@ more of the first step, but a fit's steps took up to 17% longer.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import tensorflow as tf
 
 from kerastower import _keras_compat
-from kerastower.reduce import keys
+from kerastower.reduce import keys, ring_gradients
+from kerastower.reduce.replicas import Replicas
 from kerastower.reduce.towers import TowerCollectives
-from kerastower.step.shards import tower_shards
+from kerastower.step.shards import split_nest, tower_shards
 from kerastower.workers import multi_worker
 
 
@@ -114,6 +127,26 @@ def _spec(value: Any) -> Any:
     return spec
 
 
+class Runs(NamedTuple):
+    """The ways of calling the tower traced by `run`.
+
+    Attributes:
+        on_towers: Calls it on every tower's shard.
+        on_one_tower: Calls it on the first tower with the whole batch.
+        on_every_tower: ``on_every_tower(small)``, with replicas summing
+            their gradients inside: calls it on every tower, with the whole
+            batch on the first when `small` (a bool scalar) and on the
+            others, whose gradients then add nothing, too.
+
+    Each returns a list (of ``N`` or of one) of ``(result, updates)``: the
+    body's result and what the tower assigned (`body.traced_updates`).
+    """
+
+    on_towers: Callable[[], list]
+    on_one_tower: Callable[[], list]
+    on_every_tower: Callable[[tf.Tensor], list]
+
+
 def run(
     model,
     body: Callable,
@@ -121,10 +154,11 @@ def run(
     data: Any,
     batch: tf.Tensor,
     total: tf.Tensor,
-    replicated: Sequence[Sequence[Any]] | None = None,
+    replicas: Replicas | None = None,
     calls: tuple[tf.Tensor, tf.Tensor] | None = None,
-) -> tuple[Callable, Callable]:
-    """Traces `body` once; returns the towers' and the one tower's runs.
+    sums_gradients: bool = False,
+) -> Runs:
+    """Traces `body` once; returns the ways of calling it (`Runs`).
 
     Args:
         model: The `kerastower.TowerModel`.
@@ -138,23 +172,25 @@ def run(
         data: The global batch.
         batch: ``B``, int32.
         total: ``B``, float32 (this worker's examples).
-        replicated: With replicas, each tower's replicated variables, tower
-            0's (the model's own) first: tower ``i`` passes the resource
-            handles of ``replicated[i]``, and the function reads them, where
-            they live, so that one trace reads every tower's replicas; the
-            body gets the values by ``id`` of tower 0's variable.
+        replicas: The model's `kerastower.reduce.replicas.Replicas`, made,
+            or ``None``: tower ``i`` passes the resource handles of its
+            replicated variables (tower 0's are the model's own), and the
+            function reads them, where they live, so that one trace reads
+            every tower's replicas; the body gets the values by ``id`` of
+            tower 0's variable.
         calls: On several workers, ``(group_size, group_key)`` of the calls
             of every worker's towers (`kerastower.reduce.keys.calls_group`),
             in which every sum over the towers spans the workers; ``None``
             on one worker.
-
-    Returns:
-        ``(on_towers, on_one_tower)``: functions that call the traced tower
-        on every tower or on the first tower with the whole batch, and
-        return a list (of ``N`` or of one) of ``(result, updates)``: the
-        body's result and what the tower assigned (`body.traced_updates`).
+        sums_gradients: With `replicas`, a `kerastower.step.tower_body.Gradients`
+            body and one worker: each call sums its dense gradients over
+            every tower inside the function, as `replicas` all-reduce them
+            (`ring_gradients.sum_in_call`), ordered by its tower's token
+            (`Replicas.tokens`), and the step calls it with
+            `Runs.on_every_tower`.
     """
     towers = model.num_towers
+    devices = model.tower_devices
     sizes, weights, shards = tower_shards(data, batch, total, towers)
     strategy = model.tower_strategy
     first_key = (
@@ -162,12 +198,30 @@ def run(
         if calls is None
         else keys.worker_key(keys.STEP_BLOCK)
     )
-
+    ring_key = keys.reserve(keys.STEP_BLOCK) if sums_gradients else 0
+    replicated = (
+        [replicas.replica_variables(i) for i in range(towers)] if replicas else None
+    )
     primaries = list(replicated[0]) if replicated else []
+    tokens = [t.handle for t in replicas.tokens] if sums_gradients else []
 
     timeout = multi_worker.timeout() if calls is not None else 0.0
 
-    def traced_tower(shard, weight, tower, tower_sizes, group_size, group_key, handles):
+    def summed(result, runs, token):
+        # A `Gradients` body's result: its gradients first.
+        gradients, *rest = result
+        ring = TowerCollectives(towers, keys.group_key(devices), ring_key, token=token)
+        shapes = [body.variables[j].shape for j in body.connected]
+        gradients = ring_gradients.silenced(gradients, runs)
+        gradients = ring_gradients.sum_in_call(
+            gradients, shapes, ring.sum_flat, replicas.options
+        )
+        return (gradients, *rest)
+
+    def traced_tower(
+        shard, weight, tower, tower_sizes, group_size, group_key, runs, handles
+    ):
+        handles, token = handles[: len(primaries)], handles[len(primaries) :]
         collectives = TowerCollectives(group_size, group_key, first_key, timeout)
         replica_values = (
             {id(v): _read(handle, v) for v, handle in zip(primaries, handles)}
@@ -177,6 +231,8 @@ def run(
         with _keras_compat.tower_replica_context(strategy, tower, collectives):
             with frame.towers(tower_sizes) as losses:
                 result = frame.call(body, shard, weight, losses, replica_values)
+            if sums_gradients:
+                result = summed(result, runs, token[0])
             return result, body.traced_updates()
 
     function = tf.function(
@@ -190,26 +246,24 @@ def run(
         tf.TensorSpec([towers], tf.int32),
         int32,
         int32,
-        [tf.TensorSpec([], tf.resource) for _ in primaries],
+        tf.TensorSpec([], tf.bool),
+        [tf.TensorSpec([], tf.resource) for _ in primaries + tokens[:1]],
     )
 
+    def group_of(members: Sequence[str]):
+        # With `global_batch_loss`, whose sums follow the batch, one group
+        # per batch size too (made once for the step, not once per call).
+        # Over several workers, every call is in the one group of the
+        # step's calls.
+        if calls is not None:
+            return calls
+        if model.global_batch_loss:
+            return len(members), keys.batch_group_key(members, batch)
+        return len(members), keys.group_key(members)
+
     # The groups of the calls that run together: every tower, or the first
-    # alone; with `global_batch_loss`, whose sums follow the batch, one per
-    # batch size too (made once for the step, not once per call).
-    # Over several workers, both run in the one group of the step's calls.
-    groups = {
-        members: (
-            calls
-            if calls is not None
-            else (
-                members,
-                keys.batch_group_key(model.tower_devices[:members], batch)
-                if model.global_batch_loss
-                else keys.group_key(model.tower_devices[:members]),
-            )
-        )
-        for members in (towers, 1)
-    }
+    # alone.
+    groups = {members: group_of(devices[:members]) for members in (towers, 1)}
 
     # Grappler optimises each call's instantiation, once per device. Towers
     # reading the model's variables skip it: on ResNet50 it cost 0.4 s of
@@ -219,21 +273,20 @@ def run(
     # steps as long): their first step waits on the replicas' updates, and
     # Grappler took 15-20% off their steady step (the Transformer of
     # bench.trace).
-    passes = _keras_compat.kernel_passes(model.tower_devices) if replicated else ()
+    passes = _keras_compat.kernel_passes(devices) if replicated else ()
 
     def graph_passes():
         if not passes:
             return _keras_compat.calls_without_graph_optimizer()
         return _keras_compat.calls_with_graph_passes(passes)
 
-    def call(tower, shard, weight, tower_sizes, members):
-        group_size, group = groups[members]
-        args = (shard, weight, tower, tower_sizes, group_size, group)
+    def call(tower, args, made=None):
         # Grappler specialises a function for each call whose inputs are
         # constants, and optimises each specialisation: unseen, they are not.
         args = tf.nest.map_structure(_unseen, args)
         handles = [v.handle for v in replicated[tower]] if replicated else []
-        with tf.device(model.tower_devices[tower]), graph_passes():
+        handles += tokens[tower : tower + 1]
+        with tf.device(devices[tower]), graph_passes():
             result = concrete(*args, handles)
         calls = {
             leaf.op
@@ -242,14 +295,63 @@ def run(
         }
         for op in calls:
             _keras_compat.run_independently(op)
+        if made is not None:
+            made.extend(calls)
         return result
 
     def on_towers():
-        return [call(i, shards[i], weights[i], sizes, towers) for i in range(towers)]
+        return [
+            call(i, (shards[i], weights[i], i, sizes, *groups[towers], True))
+            for i in range(towers)
+        ]
+
+    def whole():  # the sizes of a batch run whole on the first tower
+        return tf.concat([tf.reshape(batch, [1]), tf.zeros([towers - 1], tf.int32)], 0)
 
     def on_one_tower():
-        whole = tf.concat([tf.reshape(batch, [1]), tf.zeros([towers - 1], tf.int32)], 0)
         weight = tf.cast(batch, tf.float64) / tf.cast(total, tf.float64)
-        return [call(0, data, weight, whole, 1)]
+        return [call(0, (data, weight, 0, whole(), *groups[1], True))]
 
-    return on_towers, on_one_tower
+    def on_every_tower(small):
+        # When `small`, every tower runs the first tower's call of
+        # `on_one_tower` (the whole batch, tower 0, its statistics its own:
+        # in a group of its device alone) and adds nothing but the first.
+        # Out of a `tf.cond`, the calls are ordered after the step's writes
+        # to what they read, and its next writes after them, by barriers.
+        resources = [t for t in concrete.captured_inputs if t.dtype == tf.resource]
+        resources += [v.handle for variables in replicated for v in variables]
+        resources += tokens
+        before = _keras_compat.resource_barrier(resources)
+        made: list = []
+        with tf.control_dependencies([before]):
+            out = _every_call(small, made)
+        with tf.control_dependencies(made):
+            _keras_compat.resource_barrier(resources)
+        return out
+
+    def _every_call(small, made):
+        every_sizes = tf.where(small, whole(), sizes)
+        every_weights = tf.cast(every_sizes, tf.float64) / tf.cast(total, tf.float64)
+        every_shards = split_nest(data, every_sizes, towers)
+        out = []
+        for i in range(towers):
+            shard = every_shards[0]
+            if i > 0:
+                shard = tf.cond(
+                    small, lambda: every_shards[0], lambda i=i: every_shards[i]
+                )
+            alone = group_of(devices[i : i + 1])
+            weight = tf.where(small, every_weights[0], every_weights[i])
+            args = (
+                shard,
+                weight,
+                tf.where(small, 0, i),
+                every_sizes,
+                tf.where(small, alone[0], towers),
+                tf.where(small, alone[1], groups[towers][1]),
+                tf.logical_or(tf.logical_not(small), i == 0),
+            )
+            out.append(call(i, args, made))
+        return out
+
+    return Runs(on_towers, on_one_tower, on_every_tower)

@@ -13,7 +13,8 @@ from oracle import (
 )
 
 import kerastower
-from kerastower.reduce import ring
+from kerastower import _keras_compat
+from kerastower.reduce import ring, ring_gradients
 from kerastower.reduce.ring import AllReduceOptions, buckets
 
 
@@ -33,14 +34,24 @@ def test_options_are_checked():
 
 
 def count_sums(monkeypatch):
-    original = ring.Ring.sum
+    """The all-reduces of dense gradients each trace makes: in the step
+    (`Ring.sum`), or inside a tower traced once (`sum_in_call`)."""
+    original_sum, original_call = ring.Ring.sum, ring_gradients.sum_in_call
     calls = []
 
     def counted(self, values):
-        calls.append(len(values))
-        return original(self, values)
+        calls.append("step")
+        return original_sum(self, values)
+
+    def counted_in_call(gradients, shapes, sum_flat, options):
+        def summed(flat):
+            calls.append("call")
+            return sum_flat(flat)
+
+        return original_call(gradients, shapes, summed, options)
 
     monkeypatch.setattr(ring.Ring, "sum", counted)
+    monkeypatch.setattr(ring_gradients, "sum_in_call", counted_in_call)
     return calls
 
 
@@ -62,6 +73,9 @@ def test_buckets_train_exactly_as_one_device(bucket_mb, monkeypatch):
     per_trace = 1 if bucket_mb == 25 else len(towered.trainable_weights)
     assert calls and len(calls) % per_trace == 0
     assert len(calls) // per_trace <= 2  # the step traces once, or twice
+    # A tower traced once sums its own gradients; copies sum in the step.
+    traced_once = _keras_compat.keeps_functions_apart()
+    assert set(calls) == {"call" if traced_once else "step"}
 
 
 @pytest.mark.parametrize("compression", ["float16", "bfloat16"])

@@ -22,9 +22,9 @@ from replica_checks import (
     spy,
 )
 
-from kerastower.reduce import keys, ring
+from kerastower.reduce import keys, ring, ring_gradients
 from kerastower.reduce.replicas import Replicas
-from kerastower.reduce.ring import pack, unpack
+from kerastower.reduce.ring import AllReduceOptions, pack, unpack
 
 
 @pytest.mark.parametrize("towers", [2, 4])
@@ -181,6 +181,45 @@ def test_pack_and_unpack_are_inverse():
     assert flat.shape == (7,)
     for before, after in zip(tensors, unpack(flat, [t.shape for t in tensors])):
         np.testing.assert_array_equal(before.numpy(), after.numpy())
+
+
+def test_towers_that_do_not_run_add_nothing():
+    runs = tf.constant(False)
+    dense = tf.constant([[-0.0, 2.0], [float("nan"), -3.0]])
+    rows = tf.IndexedSlices(tf.ones([3, 2]), tf.constant([0, 4, 4]), [5, 2])
+    silent = ring_gradients.silenced([dense, rows], runs)
+    np.testing.assert_array_equal(silent[0].numpy(), np.zeros((2, 2)))
+    assert not np.signbit(silent[0].numpy()).any()  # +0.0: x + 0.0 == x
+    assert silent[1].values.shape[0] == 0 and silent[1].indices.shape[0] == 0
+    kept = ring_gradients.silenced([dense, rows], tf.constant(True))
+    np.testing.assert_array_equal(kept[0].numpy(), dense.numpy())
+    np.testing.assert_array_equal(kept[1].indices.numpy(), [0, 4, 4])
+
+
+@pytest.mark.parametrize("bucket_mb", [25, 1e-6])
+def test_a_call_sums_its_dense_gradients_in_buckets_and_keeps_sparse_ones(bucket_mb):
+    shapes = [tf.TensorShape(s) for s in ([2, 3], [4], [2], [5, 2])]
+    gradients = [
+        tf.reshape(tf.range(6.0), [1, 6]),  # a static shape short of its variable's
+        tf.constant([1, 2, 3, 4], tf.int32),
+        tf.constant([0.5, -1.0]),
+        tf.IndexedSlices(tf.ones([1, 2]), tf.constant([3])),
+    ]
+    flats = []
+
+    def doubled(flat):  # one collective: two towers with the same values
+        flats.append(flat)
+        return flat * tf.cast(2, flat.dtype)
+
+    options = AllReduceOptions(bucket_mb=bucket_mb)
+    summed = ring_gradients.sum_in_call(gradients, shapes, doubled, options)
+    np.testing.assert_array_equal(summed[0].numpy(), 2 * np.arange(6.0).reshape(2, 3))
+    np.testing.assert_array_equal(summed[1].numpy(), [2, 4, 6, 8])
+    np.testing.assert_array_equal(summed[2].numpy(), [1.0, -2.0])
+    assert summed[3] is gradients[3]
+    # One bucket per dtype, or one per gradient when a bucket holds less.
+    sizes = [8, 4] if bucket_mb == 25 else [2, 6, 4]  # the last gradients first
+    assert [int(f.shape[0]) for f in flats] == sizes
 
 
 def test_a_model_without_trainable_weights_trains_as_one_device():

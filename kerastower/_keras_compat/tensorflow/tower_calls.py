@@ -55,6 +55,20 @@ def run_independently(op: tf.Operation) -> None:
     _attribute(manager, "run_independently", "AutomaticControlDependencies")(op)
 
 
+def resource_barrier(resources: Sequence[tf.Tensor]) -> tf.Operation:
+    """An op of the `tf.function` being traced that reads `resources`
+    (resource handles) and does nothing else.
+
+    Automatic control dependencies run it after the last op that wrote to
+    any of them, and the next writes after it: it orders ops taken out of
+    those dependencies (`run_independently`) that touch the resources.
+    Give them a control input from it, and it one from them.
+    """
+    specs = [tf.TensorSpec([], tf.resource) for _ in resources]
+    barrier = tf.function(lambda handles: tf.constant(0), autograph=False)
+    return barrier.get_concrete_function(specs)(list(resources)).op
+
+
 def orders_calls_here() -> bool:
     """Whether `run_independently` can order the ops made here, now.
 

@@ -185,11 +185,13 @@ class SyncReplicas(ReplicaReads):
     def on_train_begin(self, logs=None):
         variables = self.model.trainable_weights
         checks.check_no_overwritten_gradients(self.model, variables)
+        synced = False
         if variables and not self.builtin_step:
-            self.replicas.ensure(variables)
+            synced = self.replicas.ensure(variables)
         elif variables and self.model.optimizer:
-            self.replicas.ensure(variables, self.model.optimizer)
-        self.replicas.sync()
+            synced = self.replicas.ensure(variables, self.model.optimizer)
+        if not synced:
+            self.replicas.sync()
 
 
 # Callbacks of Keras's own that hook a batch's beginning without changing

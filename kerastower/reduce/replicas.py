@@ -118,7 +118,7 @@ class Replicas:
 
     def ensure(
         self, variables: Sequence[keras.Variable], optimizer: Any = None
-    ) -> None:
+    ) -> bool:
         """Makes the replicas of `variables` and, given one, clones of `optimizer`.
 
         Does nothing when they exist for these very variables (and
@@ -127,11 +127,14 @@ class Replicas:
         its gradients itself) only the replicas are made, which
         `broadcast` refreshes. Runs eagerly, also while a step is traced; the
         optimizer is built on `variables` first if it is not built yet.
+
+        Returns:
+            Whether it made them, and synced them (`sync`).
         """
         key = tuple(id(v) for v in variables)
         made = key == self._key
         if made and (optimizer is None or optimizer is self._optimizer):
-            return
+            return False
         with tf.init_scope():
             if optimizer is not None and not optimizer.built:
                 optimizer.build(list(variables))
@@ -149,6 +152,7 @@ class Replicas:
                 self._updates = CloneUpdates(optimizer, self._clones, self._copies)
             self._key = key
             self.sync()
+        return True
 
     def _make_copies(self, variables: Sequence[keras.Variable]) -> None:
         self._primaries = list(variables)

@@ -37,37 +37,20 @@ def nothing_like(gradient: Any) -> Any:
     return tf.zeros_like(gradient)
 
 
-def silenced(gradients: Sequence[Any], runs: tf.Tensor) -> list[Any]:
-    """`gradients`, or, where `runs` (a bool scalar) is false, gradients
-    that add nothing (`nothing_like`) in their place."""
-    out = []
-    for gradient in gradients:
-        if isinstance(gradient, tf.IndexedSlices):
-            rows = tf.where(runs, tf.shape(gradient.indices)[0], 0)
-            out.append(
-                tf.IndexedSlices(
-                    gradient.values[:rows],
-                    gradient.indices[:rows],
-                    gradient.dense_shape,
-                )
-            )
-        else:
-            out.append(tf.where(runs, gradient, tf.zeros_like(gradient)))
-    return out
-
-
 def sum_in_call(
     gradients: Sequence[Any],
     shapes: Sequence[tf.TensorShape],
     sum_flat: Callable[[tf.Tensor], tf.Tensor],
     options: AllReduceOptions,
+    runs: tf.Tensor | None = None,
 ) -> list[Any]:
     """One tower's dense gradients summed over the towers, from inside the
     tower's function (`kerastower.step.traced_towers`), called on every tower.
 
     As `all_reduce` sums them: packed per dtype into the same buckets, each
     summed by one collective (`sum_flat`, over the calls), so every tower
-    gets the same bits. Sparse gradients are returned as they are.
+    gets the same bits. Sparse gradients are returned, for the step to
+    gather.
 
     Args:
         gradients: The tower's gradients.
@@ -75,9 +58,18 @@ def sum_in_call(
         sum_flat: Sums a vector over the calls, one collective per call
             (`kerastower.reduce.towers.TowerCollectives.sum_flat`).
         options: The buckets' size and compression.
+        runs: A bool scalar, or ``None`` for true: where false, the tower
+            adds nothing (zeros, and sparse gradients of no rows) in place
+            of its gradients.
     """
     out = list(gradients)
     dense = [k for k, g in enumerate(gradients) if not isinstance(g, tf.IndexedSlices)]
+    for k, gradient in enumerate(gradients):
+        if k not in dense and runs is not None:
+            rows = tf.where(runs, tf.shape(gradient.indices)[0], 0)
+            out[k] = tf.IndexedSlices(
+                gradient.values[:rows], gradient.indices[:rows], gradient.dense_shape
+            )
     for dtype in sorted({gradients[k].dtype for k in dense}, key=str):
         where = [k for k in dense if gradients[k].dtype == dtype]
         wire = dtype
@@ -87,6 +79,10 @@ def sum_in_call(
         for bucket in buckets(sizes, options.bucket_bytes):
             chosen = [where[b] for b in bucket]
             flat = tf.cast(pack([gradients[k] for k in chosen]), wire)
+            if runs is not None:  # a branch passes the bucket on, uncopied
+                flat = tf.cond(
+                    runs, lambda flat=flat: flat, lambda flat=flat: tf.zeros_like(flat)
+                )
             total = tf.cast(sum_flat(flat), dtype)
             for k, piece in zip(chosen, unpack(total, [shapes[k] for k in chosen])):
                 out[k] = piece

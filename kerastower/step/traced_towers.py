@@ -37,10 +37,10 @@ it makes the model's assignments) is now an input:
   collective per bucket), so every tower is called at every step
   (`Runs.on_every_tower`); for a batch smaller than the tower count every
   tower runs the first tower's whole-batch call, its statistics its own,
-  and those that do not run add nothing to the sums
-  (`ring_gradients.silenced`). The step then holds ``N`` calls, not ``N``
-  towers' packed gradients in a `tf.cond` of ``N x V`` outputs (ResNet50
-  on 8 towers: most of the first step's tracing);
+  and those that do not run add nothing to the sums. The step then holds
+  ``N`` calls, not ``N`` towers' packed gradients in a `tf.cond` of
+  ``N x V`` outputs (ResNet50 on 8 towers: most of the first step's
+  tracing);
 - every tower reads the model's weights through a `keras.StatelessScope`
   and returns what it would assign (`kerastower.step.layer_updates`); the
   step makes tower 0's assignments after the calls, as the towers traced one
@@ -212,9 +212,8 @@ def run(
         gradients, *rest = result
         ring = TowerCollectives(towers, keys.group_key(devices), ring_key, token=token)
         shapes = [body.variables[j].shape for j in body.connected]
-        gradients = ring_gradients.silenced(gradients, runs)
         gradients = ring_gradients.sum_in_call(
-            gradients, shapes, ring.sum_flat, replicas.options
+            gradients, shapes, ring.sum_flat, replicas.options, runs
         )
         return (gradients, *rest)
 
@@ -231,9 +230,9 @@ def run(
         with _keras_compat.tower_replica_context(strategy, tower, collectives):
             with frame.towers(tower_sizes) as losses:
                 result = frame.call(body, shard, weight, losses, replica_values)
-            if sums_gradients:
-                result = summed(result, runs, token[0])
-            return result, body.traced_updates()
+        if sums_gradients:
+            result = summed(result, runs, token[0])
+        return result, body.traced_updates()
 
     function = tf.function(
         traced_tower, autograph=False, experimental_attributes={"_noinline": True}

@@ -183,17 +183,16 @@ def test_pack_and_unpack_are_inverse():
         np.testing.assert_array_equal(before.numpy(), after.numpy())
 
 
-def test_towers_that_do_not_run_add_nothing():
-    runs = tf.constant(False)
-    dense = tf.constant([[-0.0, 2.0], [float("nan"), -3.0]])
-    rows = tf.IndexedSlices(tf.ones([3, 2]), tf.constant([0, 4, 4]), [5, 2])
-    silent = ring_gradients.silenced([dense, rows], runs)
-    np.testing.assert_array_equal(silent[0].numpy(), np.zeros((2, 2)))
-    assert not np.signbit(silent[0].numpy()).any()  # +0.0: x + 0.0 == x
-    assert silent[1].values.shape[0] == 0 and silent[1].indices.shape[0] == 0
-    kept = ring_gradients.silenced([dense, rows], tf.constant(True))
-    np.testing.assert_array_equal(kept[0].numpy(), dense.numpy())
-    np.testing.assert_array_equal(kept[1].indices.numpy(), [0, 4, 4])
+def call_sums(gradients, shapes, runs=None, bucket_mb=25):
+    flats = []
+
+    def doubled(flat):  # one collective: two towers with the same values
+        flats.append(flat)
+        return flat * tf.cast(2, flat.dtype)
+
+    options = AllReduceOptions(bucket_mb=bucket_mb)
+    summed = ring_gradients.sum_in_call(gradients, shapes, doubled, options, runs)
+    return summed, flats
 
 
 @pytest.mark.parametrize("bucket_mb", [25, 1e-6])
@@ -205,14 +204,7 @@ def test_a_call_sums_its_dense_gradients_in_buckets_and_keeps_sparse_ones(bucket
         tf.constant([0.5, -1.0]),
         tf.IndexedSlices(tf.ones([1, 2]), tf.constant([3])),
     ]
-    flats = []
-
-    def doubled(flat):  # one collective: two towers with the same values
-        flats.append(flat)
-        return flat * tf.cast(2, flat.dtype)
-
-    options = AllReduceOptions(bucket_mb=bucket_mb)
-    summed = ring_gradients.sum_in_call(gradients, shapes, doubled, options)
+    summed, flats = call_sums(gradients, shapes, bucket_mb=bucket_mb)
     np.testing.assert_array_equal(summed[0].numpy(), 2 * np.arange(6.0).reshape(2, 3))
     np.testing.assert_array_equal(summed[1].numpy(), [2, 4, 6, 8])
     np.testing.assert_array_equal(summed[2].numpy(), [1.0, -2.0])
@@ -220,6 +212,20 @@ def test_a_call_sums_its_dense_gradients_in_buckets_and_keeps_sparse_ones(bucket
     # One bucket per dtype, or one per gradient when a bucket holds less.
     sizes = [8, 4] if bucket_mb == 25 else [2, 6, 4]  # the last gradients first
     assert [int(f.shape[0]) for f in flats] == sizes
+
+
+def test_a_call_that_does_not_run_adds_nothing():
+    shapes = [tf.TensorShape([2, 2]), tf.TensorShape([5, 2])]
+    dense = tf.constant([[-0.0, 2.0], [float("nan"), -3.0]])
+    rows = tf.IndexedSlices(tf.ones([3, 2]), tf.constant([0, 4, 4]), [5, 2])
+    (silent, no_rows), flats = call_sums([dense, rows], shapes, tf.constant(False))
+    np.testing.assert_array_equal(flats[0].numpy(), np.zeros(4))
+    assert not np.signbit(flats[0].numpy()).any()  # +0.0: x + 0.0 == x
+    np.testing.assert_array_equal(silent.numpy(), np.zeros((2, 2)))
+    assert no_rows.values.shape[0] == 0 and no_rows.indices.shape[0] == 0
+    (kept, all_rows), _ = call_sums([dense, rows], shapes, tf.constant(True))
+    np.testing.assert_array_equal(kept.numpy(), 2 * dense.numpy())
+    np.testing.assert_array_equal(all_rows.indices.numpy(), [0, 4, 4])
 
 
 def test_a_model_without_trainable_weights_trains_as_one_device():

@@ -22,6 +22,7 @@ it.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -64,9 +65,17 @@ def resource_barrier(resources: Sequence[tf.Tensor]) -> tf.Operation:
     those dependencies (`run_independently`) that touch the resources.
     Give them a control input from it, and it one from them.
     """
-    specs = [tf.TensorSpec([], tf.resource) for _ in resources]
+    return _barrier(len(resources))(list(resources)).op
+
+
+@functools.lru_cache(maxsize=32)
+def _barrier(count: int) -> Any:
+    """A function of `count` resource handles that returns 0, traced once
+    (a thousand handles took over a second to trace)."""
+    specs = [tf.TensorSpec([], tf.resource) for _ in range(count)]
     barrier = tf.function(lambda handles: tf.constant(0), autograph=False)
-    return barrier.get_concrete_function(specs)(list(resources)).op
+    with tf.init_scope():  # apart from the step, on no device
+        return barrier.get_concrete_function(specs)
 
 
 def orders_calls_here() -> bool:

@@ -139,6 +139,9 @@ KERAS2_CI_SUITES = [
     "tests/test_testing.py",
 ]
 
+# pytest as every session runs it: quiet, without a cache in the checkout.
+PYTEST = ["python", "-m", "pytest", "-q", "-p", "no:cacheprovider"]
+
 nox.options.reuse_existing_virtualenvs = True
 nox.options.error_on_missing_interpreters = True
 nox.options.error_on_external_run = True
@@ -262,14 +265,11 @@ def _test_pair(
     start = time.time()
     try:
         session.run(
-            "python",
-            "-m",
-            "pytest",
-            "-q",
-            "-p",
-            "no:cacheprovider",
+            *PYTEST,
             "-rfEs",
             f"--junitxml={junit}",
+            "-m",
+            "",  # the `slow` tests too, unless `suites` choose
             *suites,
             env=env,
         )
@@ -442,12 +442,7 @@ def jax(session: nox.Session) -> None:
     if "tensorflow" in session.run("pip", "freeze", silent=True).lower():
         session.error("`.[jax]` brought TensorFlow")
     session.run(
-        "python",
-        "-m",
-        "pytest",
-        "-q",
-        "-p",
-        "no:cacheprovider",
+        *PYTEST,
         "-rfEs",
         *JAX_SUITES,
         env=env,
@@ -463,8 +458,18 @@ def replicas(session: nox.Session) -> None:
     session.install(f"tensorflow-cpu=={tensorflow}", f"keras=={keras}", "-e", ".[dev]")
     _check_versions(session, keras, tensorflow)
     env = {**_ENV, "KERASTOWER_REPLICATE_VARIABLES": "1"}
-    session.run("python", "-m", "pytest", "-q", "-p", "no:cacheprovider", env=env)
+    session.run(*PYTEST, "-m", "", env=env)
     session.run("python", "tests/keras_suite/run.py", env=env)
+
+
+@nox.session(python=False)
+def slow(session: nox.Session) -> None:
+    """The `slow` tests, which the default run leaves out (current environment).
+
+    Several processes (workers, kills, restarts) and benchmark runs, about
+    15 minutes on 2 cores; arguments after ``--`` go to pytest.
+    """
+    session.run(*PYTEST, "-m", "slow", *session.posargs)
 
 
 def _venv(session: nox.Session, path: Path, *requirements: str) -> Path:

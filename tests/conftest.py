@@ -131,7 +131,10 @@ def pytest_collection_modifyitems(config, items):
         if prefix.partition("::")[0] in files
         and not any(i.startswith(prefix) for i in ids)
     ]
-    if stale and not config.getoption("keyword") and not config.getoption("markexpr"):
+    addopts = config.getini("addopts")  # its `-m`: the default run's selection
+    default = addopts[addopts.index("-m") + 1] if "-m" in addopts else ""
+    marks = config.getoption("markexpr")
+    if stale and not config.getoption("keyword") and marks in ("", default):
         raise pytest.UsageError(f"EXCLUSIVE names no test: {stale}")
 
 

@@ -250,6 +250,7 @@ SHARED = (
     "kerastower._errors",
     "kerastower._functional_variants",
     "kerastower._installed_keras",
+    "kerastower._keras_compat.keras3_functional",
     "kerastower.tower_choice",
 )
 

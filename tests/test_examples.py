@@ -88,7 +88,17 @@ def test_every_example_is_run():
     assert scripts == set(RUNS) | set(COVERED_ELSEWHERE)
 
 
-@pytest.mark.parametrize("script", sorted(RUNS))
+# Examples that start processes of their own: `slow` (`nox -s slow`).
+SEVERAL_PROCESSES = {"evaluator.py"}
+
+
+@pytest.mark.parametrize(
+    "script",
+    [
+        pytest.param(s, marks=pytest.mark.slow) if s in SEVERAL_PROCESSES else s
+        for s in sorted(RUNS)
+    ],
+)
 def test_example_runs(script, tmp_path):
     args, expected = RUNS[script]
     args = [a.replace("{tmp}", str(tmp_path)) for a in args]

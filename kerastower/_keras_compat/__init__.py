@@ -27,6 +27,8 @@ The fence is laid out by backend, one sibling folder each:
   global seed generator in the towers' threads), `precision` and
   `checkpoints`; the functional variants are plain Python
   (`kerastower._functional_variants`).
+- `keras3_functional`: Keras 3's functional-model internals, which `keras3/`
+  and `jax/` both load (plain Keras, no backend).
 
 On TensorFlow this package hands on the names of `interface`: one family's,
 with TensorFlow's machinery. A backend is one more folder, and its own line

@@ -98,6 +98,23 @@ def buckets(sizes: Sequence[int], cap: int) -> list[list[int]]:
     return out
 
 
+def wire_dtype(options: AllReduceOptions, dtype: tf.DType) -> tf.DType:
+    """The dtype that tensors of `dtype` are all-reduced in under `options`:
+    float32 ones in the compression's, if any; others in their own."""
+    if options.compression and dtype == tf.float32:
+        return tf.as_dtype(options.compression)
+    return dtype
+
+
+def dtype_buckets(
+    options: AllReduceOptions, shapes: Sequence[tf.TensorShape], dtype: tf.DType
+) -> list[list[int]]:
+    """`buckets` of tensors of `shapes` and `dtype`, of at most
+    ``options.bucket_bytes`` each."""
+    sizes = [shape.num_elements() * dtype.size for shape in shapes]
+    return buckets(sizes, options.bucket_bytes)
+
+
 def pack(tensors: Sequence[tf.Tensor]) -> tf.Tensor:
     """Flattens `tensors` (one dtype) into one vector, in order."""
     return tf.concat([tf.reshape(t, [-1]) for t in tensors], axis=0)
@@ -191,12 +208,9 @@ class Ring:
         first = per_device[0]
         dtype = first[0].dtype
         shapes = [t.shape for t in first]
-        sizes = [s.num_elements() * dtype.size for s in shapes]
-        wire = dtype
-        if options.compression and dtype == tf.float32:
-            wire = tf.as_dtype(options.compression)
+        wire = wire_dtype(options, dtype)
         out: list[list] = [[None] * len(first) for _ in per_device]
-        for bucket in buckets(sizes, options.bucket_bytes):
+        for bucket in dtype_buckets(options, shapes, dtype):
             shaped = tuple(tuple(shapes[k].as_list()) for k in bucket)
             packs = _traced(False, shaped, dtype, wire)
             unpacks = _traced(True, shaped, dtype, wire)

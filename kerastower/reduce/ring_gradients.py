@@ -22,7 +22,14 @@ from typing import Any
 import tensorflow as tf
 
 from kerastower.reduce.gradients import has_static_rows, merge_rows
-from kerastower.reduce.ring import AllReduceOptions, Ring, buckets, pack, unpack
+from kerastower.reduce.ring import (
+    AllReduceOptions,
+    Ring,
+    dtype_buckets,
+    pack,
+    unpack,
+    wire_dtype,
+)
 
 
 def nothing_like(gradient: Any) -> Any:
@@ -63,20 +70,19 @@ def sum_in_call(
             of its gradients.
     """
     out = list(gradients)
-    dense = [k for k, g in enumerate(gradients) if not isinstance(g, tf.IndexedSlices)]
+    dense = []
     for k, gradient in enumerate(gradients):
-        if k not in dense and runs is not None:
+        if not isinstance(gradient, tf.IndexedSlices):
+            dense.append(k)
+        elif runs is not None:
             rows = tf.where(runs, tf.shape(gradient.indices)[0], 0)
             out[k] = tf.IndexedSlices(
                 gradient.values[:rows], gradient.indices[:rows], gradient.dense_shape
             )
     for dtype in sorted({gradients[k].dtype for k in dense}, key=str):
         where = [k for k in dense if gradients[k].dtype == dtype]
-        wire = dtype
-        if options.compression and dtype == tf.float32:
-            wire = tf.as_dtype(options.compression)
-        sizes = [shapes[k].num_elements() * dtype.size for k in where]
-        for bucket in buckets(sizes, options.bucket_bytes):
+        wire = wire_dtype(options, dtype)
+        for bucket in dtype_buckets(options, [shapes[k] for k in where], dtype):
             chosen = [where[b] for b in bucket]
             flat = tf.cast(pack([gradients[k] for k in chosen]), wire)
             if runs is not None:  # a branch passes the bucket on, uncopied

@@ -26,6 +26,18 @@ from kerastower.step.shards import first_leaf, local_results, tower_shards
 from kerastower.step.tower_context import TowerFrame
 
 
+def _joined(body, run, combine):
+    """A branch that makes the assignments of the towers' ``(result,
+    updates)`` that `run()` returns and `combine`s their results."""
+
+    def branch():
+        per_tower = run()
+        body.apply_updates([updates for _, updates in per_tower])
+        return combine([result for result, _ in per_tower])
+
+    return branch
+
+
 class TowerRuns:
     """Runs the towers of one `TowerModel`'s steps.
 
@@ -132,19 +144,10 @@ class TowerRuns:
                 if sums_gradients:
                     result = self._every_tower(body, runs, batch)
                 else:
-
-                    def traced(run):
-                        def branch():
-                            per_tower = run()
-                            body.apply_updates([updates for _, updates in per_tower])
-                            return body.combine([result for result, _ in per_tower])
-
-                        return branch
-
                     result = tf.cond(
                         batch >= model.num_towers,
-                        traced(runs.on_towers),
-                        traced(runs.on_one_tower),
+                        _joined(body, runs.on_towers, body.combine),
+                        _joined(body, runs.on_one_tower, body.combine),
                     )
             elif plan.xla and model.num_towers == 1:
                 # One tower on several workers: the whole step is one XLA
@@ -168,15 +171,11 @@ class TowerRuns:
         per_tower = runs.on_every_tower(batch < towers)
         body.summed_inside = True
 
-        def joined(count):
-            def branch():
-                chosen = per_tower[:count]
-                body.apply_updates([updates for _, updates in chosen])
-                return body.combine_rest([result for result, _ in chosen])
-
-            return branch
-
-        rest = tf.cond(batch >= towers, joined(towers), joined(1))
+        rest = tf.cond(
+            batch >= towers,
+            _joined(body, lambda: per_tower, body.combine_rest),
+            _joined(body, lambda: per_tower[:1], body.combine_rest),
+        )
         return ([result[0] for result, _ in per_tower], *rest)
 
     def run_copies(self, body, frame, data, batch, total, xla):

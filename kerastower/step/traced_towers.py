@@ -218,9 +218,8 @@ def run(
         return (gradients, *rest)
 
     def traced_tower(
-        shard, weight, tower, tower_sizes, group_size, group_key, runs, handles
+        shard, weight, tower, tower_sizes, group_size, group_key, runs, handles, token
     ):
-        handles, token = handles[: len(primaries)], handles[len(primaries) :]
         collectives = TowerCollectives(group_size, group_key, first_key, timeout)
         replica_values = (
             {id(v): _read(handle, v) for v, handle in zip(primaries, handles)}
@@ -246,7 +245,8 @@ def run(
         int32,
         int32,
         tf.TensorSpec([], tf.bool),
-        [tf.TensorSpec([], tf.resource) for _ in primaries + tokens[:1]],
+        [tf.TensorSpec([], tf.resource) for _ in primaries],
+        [tf.TensorSpec([], tf.resource) for _ in tokens[:1]],
     )
 
     def group_of(members: Sequence[str]):
@@ -284,9 +284,8 @@ def run(
         # constants, and optimises each specialisation: unseen, they are not.
         args = tf.nest.map_structure(_unseen, args)
         handles = [v.handle for v in replicated[tower]] if replicated else []
-        handles += tokens[tower : tower + 1]
         with tf.device(devices[tower]), graph_passes():
-            result = concrete(*args, handles)
+            result = concrete(*args, handles, tokens[tower : tower + 1])
         calls = {
             leaf.op
             for leaf in tf.nest.flatten(result, expand_composites=True)

@@ -31,6 +31,7 @@ import keras
 
 from kerastower import _installed_keras as installed
 from kerastower._errors import KerasCompatibilityError
+from kerastower._keras_compat import keras3_functional
 
 # Tested on Keras 3.15 with jax 0.10.2 (CPU) and 0.11.2 (CUDA).
 SUPPORTED_KERAS = ">=3.15,<3.16"
@@ -95,37 +96,23 @@ def check_trainer() -> None:
             raise _fail(f"keras.Model.{name}({', '.join(parameters[1:])})", "changed")
 
 
-def _import_functional():
-    try:
-        from keras.src.models.functional import Functional
-        from keras.src.models.model import Trainer, functional_init_arguments
-        from keras.src.saving import object_registration
-    except ImportError as error:  # pragma: no cover - depends on Keras
-        raise _fail(
-            "keras.src.models.functional.Functional", "cannot be imported"
-        ) from error
-    names = getattr(object_registration, "GLOBAL_CUSTOM_NAMES", None)
-    if not isinstance(names, dict):  # pragma: no cover - depends on Keras
-        raise _fail(
-            "keras.src.saving.object_registration.GLOBAL_CUSTOM_NAMES", "is missing"
-        )
-    return Functional, Trainer, functional_init_arguments, names
-
-
-Functional, _Trainer, functional_init_arguments, _CUSTOM_NAMES = _import_functional()
+_FUNCTIONAL = keras3_functional.load(_fail)
+Functional = _FUNCTIONAL.functional
+functional_init_arguments = _FUNCTIONAL.functional_init_arguments
 
 
 def init_functional(model, args, kwargs) -> None:
     """Runs Keras's initialisers of a functional model on `model`, the
     trainer's first, as `keras.Model` does for the classes it builds."""
-    _Trainer.__init__(model)
+    _FUNCTIONAL.trainer.__init__(model)
     Functional.__init__(model, *args, **kwargs)
 
 
 def register_alias(alias: type, cls: type) -> None:
     """Saves instances of `alias` under the name `cls` is registered with."""
-    if cls in _CUSTOM_NAMES:
-        _CUSTOM_NAMES[alias] = _CUSTOM_NAMES[cls]
+    names = _FUNCTIONAL.custom_names
+    if cls in names:
+        names[alias] = names[cls]
 
 
 check_installed(keras.__version__, jax.__version__)

@@ -8,6 +8,7 @@ from collections.abc import Callable
 
 import tensorflow as tf
 
+from kerastower._keras_compat import keras3_functional
 from kerastower._keras_compat.errors import _attribute, _fail, check_callables
 from kerastower._keras_compat.family import keras
 from kerastower._keras_compat.step_functions import StepFunctionHooks, warn_once
@@ -42,35 +43,20 @@ def register_serializable(package: str):
     return keras.saving.register_keras_serializable(package=package)
 
 
+_FUNCTIONAL = keras3_functional.load(_fail)
+Functional = _FUNCTIONAL.functional
+functional_init_arguments = _FUNCTIONAL.functional_init_arguments
+
+
 def register_alias(alias: type, cls: type) -> None:
     """Saves instances of `alias` under the name `cls` is registered with.
 
     Keras looks a class's saved name up by the class itself; a generated
     subclass would otherwise save under a name nothing loads.
     """
-    from keras.src.saving import object_registration
-
-    names = getattr(object_registration, "GLOBAL_CUSTOM_NAMES", None)
-    if not isinstance(names, dict):  # pragma: no cover - depends on Keras
-        raise _fail(
-            "keras.src.saving.object_registration.GLOBAL_CUSTOM_NAMES", "is missing"
-        )
+    names = _FUNCTIONAL.custom_names
     if cls in names:
         names[alias] = names[cls]
-
-
-def _import_functional():
-    try:
-        from keras.src.models.functional import Functional
-        from keras.src.models.model import Trainer, functional_init_arguments
-    except ImportError as error:  # pragma: no cover - depends on Keras
-        raise _fail(
-            "keras.src.models.functional.Functional", "cannot be imported"
-        ) from error
-    return Functional, Trainer, functional_init_arguments
-
-
-Functional, _Trainer, functional_init_arguments = _import_functional()
 
 
 def init_functional(model, args, kwargs) -> None:
@@ -80,7 +66,7 @@ def init_functional(model, args, kwargs) -> None:
     `Trainer.__init__` before `Functional.__init__`, as `keras.Model` does
     for the classes it builds.
     """
-    _Trainer.__init__(model)
+    _FUNCTIONAL.trainer.__init__(model)
     Functional.__init__(model, *args, **kwargs)
 
 

@@ -19,8 +19,9 @@ it makes the model's assignments) is now an input:
 - its index ``i``: the replica id that the step's code reads from
   `tf.distribute.get_replica_context()` while the function traces;
 - the sums over the towers (`BatchNormalization`'s moments, the losses'
-  divisors) are ``CollectiveReduceV2`` ops inside the function, over the
-  calls that run together: ``members`` of them, in the group of their
+  divisors) are collectives inside the function (short vectors exchanged
+  whole, `kerastower.reduce.towers.exchanges_whole`), over the calls that
+  run together: ``members`` of them, in the group of their
   devices (`kerastower.reduce.keys.group_key`); on several workers, over
   every worker's calls, in a group named by the workers whose batch runs
   whole on one tower (`kerastower.reduce.keys.calls_group`); with ``global_batch_loss``,

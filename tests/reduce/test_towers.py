@@ -9,7 +9,7 @@ import tensorflow as tf
 
 import kerastower
 from kerastower.reduce import keys
-from kerastower.reduce.towers import sum_over_towers
+from kerastower.reduce.towers import TowerCollectives, sum_over_towers
 
 
 def test_a_tower_sum_is_its_own_adjoint_to_the_second_order():
@@ -223,3 +223,53 @@ def test_tracing_grows_linearly_with_the_number_of_batch_norm_layers(monkeypatch
     # Measured: 288 -> 2304 ops, 8x for 8x the layers; the quadratic search
     # walked 14,536 -> 744,384 (51x). The bound sits between, in log scale.
     assert deep < 20 * max(shallow, 1), (shallow, deep)
+
+
+@pytest.mark.parametrize("dtype", ["float64", "int32"])
+def test_tower_collectives_sum_short_and_long_vectors_alike_on_every_call(dtype):
+    # A short vector (BatchNormalization's moments) is exchanged whole between
+    # the calls and added in the group's order; a long one (gradients) goes
+    # round a ring. Either way every call gets the exact sum.
+    from kerastower import _keras_compat
+
+    devices = kerastower.available_devices()[:3]
+    group = keys.group_key(devices)
+    first_key = keys.reserve(2)
+    short, long = 5, (1 << 15) + 1
+    made = []
+
+    def tower(a, b):
+        collectives = TowerCollectives(tf.constant(3), tf.constant(group), first_key)
+        summed = collectives([a]) + collectives([b])
+        made.extend(op.type for op in tf.compat.v1.get_default_graph().get_operations())
+        return summed
+
+    specs = [tf.TensorSpec([n], dtype) for n in (short, long)]
+    noinline = {"_noinline": True}
+    call = tf.function(tower, experimental_attributes=noinline).get_concrete_function(
+        *specs
+    )
+
+    @tf.function
+    def step(parts):
+        outs = []
+        for i, device in enumerate(devices):
+            with tf.device(device):
+                outs.append(call(*parts[i]))
+            for op in {leaf.op for leaf in tf.nest.flatten(outs[-1])}:
+                _keras_compat.run_independently(op)
+        return outs
+
+    rng = np.random.default_rng(0)
+    parts = [
+        [rng.integers(-1000, 1000, size=n).astype(dtype) for n in (short, long)]
+        for _ in devices
+    ]
+    outs = step([[tf.constant(p) for p in part] for part in parts])
+    assert made.count("CollectiveAllToAllV2") == 1
+    assert made.count("CollectiveReduceV2") == 1
+    # Integers: every order of addition gives the same sum exactly.
+    assert len(outs) == len(devices)
+    for a, b in outs:
+        np.testing.assert_array_equal(a, sum(p[0] for p in parts))
+        np.testing.assert_array_equal(b, sum(p[1] for p in parts))

@@ -212,6 +212,36 @@ def test_trace_times_the_chief_of_two_local_workers():
     assert row["first_step_s"] > row["steady_step_s"] > 0, row
 
 
+def test_steady_table_shows_each_path_against_its_copies():
+    from bench.steady import markdown_table as steady_table
+
+    rows = [
+        {
+            "model": "m",
+            "path": "tower4",
+            "traced_step_s": 0.12,
+            "copies_step_s": 0.1,
+            "ratio": 1.2,
+            "ratios": [1.1, 1.2, 1.4],
+        },
+        {"model": "m", "path": "replicas4", "error": "boom"},
+    ]
+    table = steady_table(rows)
+    assert "| m | tower4 | 120 | 100 | 1.20 (1.10-1.40) |" in table
+    assert "| m | replicas4 | error: boom" in table
+
+
+@pytest.mark.slow
+def test_steady_times_both_designs_side_by_side():
+    from bench import steady
+
+    row = steady.measure("convbn", "tower4", repeats=2)
+    assert "error" not in row, row
+    assert len(row["ratios"]) == 2
+    assert row["traced_step_s"] > 0 and row["copies_step_s"] > 0
+    assert row["ratio"] == pytest.approx(statistics.median(row["ratios"]))
+
+
 @pytest.mark.slow
 def test_gather_quick_run_times_the_three_variants(tmp_path):
     process = run_bench("bench.gather", "--quick", "--out", str(tmp_path))

@@ -24,14 +24,21 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from bench.trace import BATCH, DEFAULT_OUT, LOGICAL_DEVICES, MODELS, ROOT, STEADY_STEPS
+from bench.trace import (
+    BATCH,
+    DEFAULT_OUT,
+    LOGICAL_DEVICES,
+    MODELS,
+    STEADY_STEPS,
+    child_row,
+    write_results,
+)
 
 PATHS = {"tower4": {}, "replicas4": {"replicate_variables": True}}
 REPEATS = 7
@@ -86,12 +93,7 @@ def measure(model_name: str, path: str, repeats: int = REPEATS) -> dict[str, Any
     """Runs `path` of `model_name` against its copies in a fresh process."""
     command = [sys.executable, "-m", "bench.steady", "--child", model_name, path]
     command += ["--repeats", str(repeats)]
-    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
-    for line in done.stdout.splitlines():
-        if line.startswith("RESULT "):
-            return json.loads(line[len("RESULT ") :])
-    tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
-    return {"model": model_name, "path": path, "error": " | ".join(tail)}
+    return child_row(command, {"model": model_name, "path": path})
 
 
 def markdown_table(rows: Sequence[dict[str, Any]]) -> str:
@@ -120,8 +122,6 @@ def run(
     log=print,
 ) -> dict[str, Any]:
     """Measures every path of every model; writes ``steady.json`` and ``.md``."""
-    from bench.report import machine_info
-
     started = time.perf_counter()
     rows = []
     for model_name in models:
@@ -129,22 +129,8 @@ def run(
             log(f"[steady] {model_name} {path}")
             rows.append(measure(model_name, path, repeats))
             log(f"[steady]   {rows[-1]}")
-    results = {
-        "meta": {
-            "command": " ".join(["python -m bench.steady", *sys.argv[1:]]),
-            "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
-            "global_batch_size": BATCH,
-            "repeats": repeats,
-            "method": "see the docstring of bench/steady.py",
-            "machine": machine_info(),
-            "seconds": time.perf_counter() - started,
-        },
-        "rows": rows,
-    }
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "steady.json").write_text(json.dumps(results, indent=1) + "\n")
-    (out / "steady.md").write_text(markdown_table(rows))
-    return results
+    table = markdown_table(rows)
+    return write_results(out, "steady", rows, table, started, repeats=repeats)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

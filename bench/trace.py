@@ -187,13 +187,46 @@ def measure(model_name: str, setup: str) -> dict[str, Any]:
         towers = int(setup[len(kind) :]) // WORKERS
         launcher = [sys.executable, "-m", "kerastower", "launch", "-n", str(WORKERS)]
         command = [*launcher, "--towers", str(towers), "-m", *command[2:]]
+    return child_row(command, {"model": model_name, "setup": setup})
+
+
+def child_row(command: list[str], names: dict[str, str]) -> dict[str, Any]:
+    """Runs `command`, a measuring process, from the repository root and
+    returns the row it printed (``RESULT {json}``; on workers, the chief's),
+    or `names` with the last lines of its error."""
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
     for line in done.stdout.splitlines():
         line = line.removeprefix("[worker 0] ")  # the chief's, on workers
         if line.startswith("RESULT "):
             return json.loads(line[len("RESULT ") :])
     tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
-    return {"model": model_name, "setup": setup, "error": " | ".join(tail)}
+    return {**names, "error": " | ".join(tail)}
+
+
+def write_results(
+    out: Path, name: str, rows: list, table: str, started: float, **meta: Any
+) -> dict[str, Any]:
+    """Writes ``{name}.json`` (the rows, and the run's command, date,
+    machine and duration beside `meta`) and ``{name}.md`` (`table`) to
+    `out`; returns what the JSON holds."""
+    from bench.report import machine_info
+
+    results = {
+        "meta": {
+            "command": " ".join([f"python -m bench.{name}", *sys.argv[1:]]),
+            "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+            "global_batch_size": BATCH,
+            **meta,
+            "method": f"see the docstring of bench/{name}.py",
+            "machine": machine_info(),
+            "seconds": time.perf_counter() - started,
+        },
+        "rows": rows,
+    }
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{name}.json").write_text(json.dumps(results, indent=1) + "\n")
+    (out / f"{name}.md").write_text(table)
+    return results
 
 
 def with_ratios(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -230,8 +263,6 @@ def run(
     models: Sequence[str], setups: Sequence[str], out: Path, log=print
 ) -> dict[str, Any]:
     """Measures every setup of every model; writes ``trace.json`` and ``.md``."""
-    from bench.report import machine_info
-
     started = time.perf_counter()
     rows = []
     for model_name in models:
@@ -239,21 +270,8 @@ def run(
             log(f"[trace] {model_name} {setup}")
             rows.append(measure(model_name, setup))
             log(f"[trace]   {rows[-1]}")
-    results = {
-        "meta": {
-            "command": " ".join(["python -m bench.trace", *sys.argv[1:]]),
-            "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
-            "global_batch_size": BATCH,
-            "method": "see the docstring of bench/trace.py",
-            "machine": machine_info(),
-            "seconds": time.perf_counter() - started,
-        },
-        "rows": with_ratios(rows),
-    }
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "trace.json").write_text(json.dumps(results, indent=1) + "\n")
-    (out / "trace.md").write_text(markdown_table(results["rows"]))
-    return results
+    rows = with_ratios(rows)
+    return write_results(out, "trace", rows, markdown_table(rows), started)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -272,29 +272,44 @@ def sum_by_dtype(
     `sum_flat` sums it (one collective), and the sum is cut back into the
     values' shapes.
     """
+    return _packed_by_dtype(values, sum_flat, rows=False)
+
+
+def _packed_by_dtype(
+    values: Sequence[tf.Tensor], flat_fn: Callable[[tf.Tensor], tf.Tensor], rows: bool
+) -> list[tf.Tensor]:
+    """`flat_fn` of the values of each dtype, packed into one vector; with
+    `rows`, `flat_fn` returns one such vector per member, stacked, and so
+    does this function for each value."""
     values = [tf.convert_to_tensor(v) for v in values]
     out = list(values)
     for dtype in sorted({v.dtype for v in values}, key=lambda d: d.name):
         where = [i for i, v in enumerate(values) if v.dtype == dtype]
         flat = [tf.reshape(values[i], [-1]) for i in where]
         if len(where) == 1:  # nothing to pack
-            pieces = [sum_flat(flat[0])]
+            pieces = [flat_fn(flat[0])]
         else:
-            summed = sum_flat(tf.concat(flat, axis=0))
+            done = flat_fn(tf.concat(flat, axis=0))
             sizes = tf.stack([tf.size(values[i]) for i in where])
-            pieces = tf.split(summed, sizes, num=len(where))
+            pieces = tf.split(done, sizes, num=len(where), axis=int(rows))
         for i, piece in zip(where, pieces):
-            out[i] = tf.reshape(piece, tf.shape(values[i]))
-            out[i].set_shape(values[i].shape)
+            shape = tf.shape(values[i])
+            if rows:
+                out[i] = tf.reshape(piece, tf.concat([tf.shape(piece)[:1], shape], 0))
+                out[i].set_shape(tf.TensorShape([None]).concatenate(values[i].shape))
+            else:
+                out[i] = tf.reshape(piece, shape)
+                out[i].set_shape(values[i].shape)
     return out
 
 
 class TowerCollectives:
-    """Sums a list of tensors over the calls of the traced tower.
+    """Sums a list of tensors over the calls of the traced tower, or gathers
+    them (`gather`).
 
     One collective per dtype (``CollectiveReduceV2``, or for a short vector
-    ``CollectiveAllToAllV2``: `exchanges_whole`); the instance keys are numbered at
-    trace time, so every call of the function issues the same keys in the
+    ``CollectiveAllToAllV2``: `exchanges_whole`); the instance keys are
+    numbered at trace time, so every call of the function issues the same keys in the
     same order, and the group (key and size) is an input of the call.
 
     Args:
@@ -328,27 +343,40 @@ class TowerCollectives:
 
     def sum_flat(self, flat: tf.Tensor) -> tf.Tensor:
         """`flat`, a vector, summed over the calls with the next key."""
+        if not exchanges_whole(flat):
+            return tf.raw_ops.CollectiveReduceV2(
+                input=flat, merge_op="Add", final_op="Id", **self._next_key()
+            )
+        # The rows added in the group's order: one round, where a ring
+        # takes 2 (N - 1).
+        return tf.reduce_sum(self.gather_flat(flat), axis=0)
+
+    def gather(self, values: Sequence[tf.Tensor]) -> list[tf.Tensor]:
+        """Every call's `values`, stacked: each value's rows are the calls'
+        in the group's order, the same on every call; one collective per
+        dtype."""
+        return _packed_by_dtype(values, self.gather_flat, rows=True)
+
+    def gather_flat(self, flat: tf.Tensor) -> tf.Tensor:
+        """`flat`, a vector, of every call, ``(group_size, k)``, with the
+        next key: each call sends its whole vector to every other
+        (``CollectiveAllToAllV2`` of `group_size` copies)."""
+        copies = tf.tile(flat[tf.newaxis], tf.stack([self.group_size, 1]))
+        return tf.raw_ops.CollectiveAllToAllV2(input=copies, **self._next_key())
+
+    def _next_key(self) -> dict:
         if self.used >= keys.STEP_BLOCK:
             raise RuntimeError(
                 f"A tower issued more than {keys.STEP_BLOCK} sums in one step."
             )
-        common = dict(
+        self.used += 1
+        return dict(
             group_size=self.group_size,
             group_key=self.group_key,
-            instance_key=self.first_key + self.used,
+            instance_key=self.first_key + self.used - 1,
             ordering_token=[] if self.token is None else [self.token],
             timeout_seconds=self.timeout_seconds,
         )
-        self.used += 1
-        if not exchanges_whole(flat):
-            return tf.raw_ops.CollectiveReduceV2(
-                input=flat, merge_op="Add", final_op="Id", **common
-            )
-        # Every call sends its whole vector to every other and adds the
-        # rows in the group's order: one round, where a ring takes 2 (N - 1).
-        copies = tf.tile(flat[tf.newaxis], tf.stack([self.group_size, 1]))
-        rows = tf.raw_ops.CollectiveAllToAllV2(input=copies, **common)
-        return tf.reduce_sum(rows, axis=0)
 
 
 # Sums of at most this many values (`BatchNormalization`'s moments, the

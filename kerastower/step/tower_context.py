@@ -45,7 +45,11 @@ class _IgnoredMetric:
 
 @contextlib.contextmanager
 def tower_context(
-    model: keras.Model, global_batch: Any, sum_fn: Any, sync_batch_norm: bool
+    model: keras.Model,
+    global_batch: Any,
+    sum_fn: Any,
+    sync_batch_norm: bool,
+    gather: Any = None,
 ) -> Iterator[TowerLosses]:
     """Weights compiled losses per tower while the towers trace.
 
@@ -58,6 +62,8 @@ def tower_context(
         sync_batch_norm: Whether `BatchNormalization` layers use the
             statistics of all towers (only if the model's ``sync_batch_norm``
             is set too).
+        gather: Stacks tensors of every tower, where the towers can
+            (`kerastower.reduce.towers.TowerCollectives.gather`), or ``None``.
 
     Yields:
         The `kerastower.step.loss_weighting.TowerLosses` the towers weight their
@@ -69,7 +75,9 @@ def tower_context(
         if isinstance(layer, keras.layers.BatchNormalization):
             moments = None  # the layer's own, of this tower's shard
             if synchronised:
-                moments = functools.partial(global_moments, total=sum_fn.total)
+                moments = functools.partial(
+                    global_moments, total=sum_fn.total, gather=gather
+                )
             _keras_compat.override_batch_norm_moments(layer, moments)
             patched.append(layer)
     records: dict = {}
@@ -126,14 +134,15 @@ class TowerFrame:
         )
 
     @contextlib.contextmanager
-    def towers(self, sizes) -> Iterator[TowerLosses]:
+    def towers(self, sizes, gather=None) -> Iterator[TowerLosses]:
         """The context of towers holding `sizes` examples each (int32,
         ``(N,)``): the global batch's statistics and, with
-        ``global_batch_loss``, its loss."""
+        ``global_batch_loss``, its loss; `gather` stacks tensors of every
+        tower where the towers can (`tower_context`)."""
         sum_fn = self.new_sum()
         with (
             self.loss.gathering(sizes, sum_fn, self.offset, self.total),
-            tower_context(self.model, self.total, sum_fn, True) as losses,
+            tower_context(self.model, self.total, sum_fn, True, gather) as losses,
         ):
             yield losses
 

@@ -228,7 +228,7 @@ def run(
             else None
         )
         with _keras_compat.tower_replica_context(strategy, tower, collectives):
-            with frame.towers(tower_sizes) as losses:
+            with frame.towers(tower_sizes, collectives.gather) as losses:
                 result = frame.call(body, shard, weight, losses, replica_values)
         if sums_gradients:
             result = summed(result, runs, token[0])

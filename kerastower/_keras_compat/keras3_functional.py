@@ -30,6 +30,25 @@ class FunctionalInternals(NamedTuple):
     functional_init_arguments: Callable[..., bool]
     custom_names: dict[Any, str]
 
+    def init_functional(self, model: Any, args: tuple, kwargs: dict) -> None:
+        """Runs Keras's initialisers of a functional model on `model`.
+
+        A class deriving from both `TowerModel` and `Functional` must run
+        `Trainer.__init__` before `Functional.__init__`, as `keras.Model`
+        does for the classes it builds.
+        """
+        self.trainer.__init__(model)
+        self.functional.__init__(model, *args, **kwargs)
+
+    def register_alias(self, alias: type, cls: type) -> None:
+        """Saves instances of `alias` under the name `cls` is registered with.
+
+        Keras looks a class's saved name up by the class itself; a generated
+        subclass would otherwise save under a name nothing loads.
+        """
+        if cls in self.custom_names:
+            self.custom_names[alias] = self.custom_names[cls]
+
 
 def load(fail: Callable[[str, str], Exception]) -> FunctionalInternals:
     """Imports the `FunctionalInternals` of the installed Keras 3.

@@ -99,20 +99,8 @@ def check_trainer() -> None:
 _FUNCTIONAL = keras3_functional.load(_fail)
 Functional = _FUNCTIONAL.functional
 functional_init_arguments = _FUNCTIONAL.functional_init_arguments
-
-
-def init_functional(model, args, kwargs) -> None:
-    """Runs Keras's initialisers of a functional model on `model`, the
-    trainer's first, as `keras.Model` does for the classes it builds."""
-    _FUNCTIONAL.trainer.__init__(model)
-    Functional.__init__(model, *args, **kwargs)
-
-
-def register_alias(alias: type, cls: type) -> None:
-    """Saves instances of `alias` under the name `cls` is registered with."""
-    names = _FUNCTIONAL.custom_names
-    if cls in names:
-        names[alias] = names[cls]
+init_functional = _FUNCTIONAL.init_functional
+register_alias = _FUNCTIONAL.register_alias
 
 
 check_installed(keras.__version__, jax.__version__)

@@ -46,28 +46,8 @@ def register_serializable(package: str):
 _FUNCTIONAL = keras3_functional.load(_fail)
 Functional = _FUNCTIONAL.functional
 functional_init_arguments = _FUNCTIONAL.functional_init_arguments
-
-
-def register_alias(alias: type, cls: type) -> None:
-    """Saves instances of `alias` under the name `cls` is registered with.
-
-    Keras looks a class's saved name up by the class itself; a generated
-    subclass would otherwise save under a name nothing loads.
-    """
-    names = _FUNCTIONAL.custom_names
-    if cls in names:
-        names[alias] = names[cls]
-
-
-def init_functional(model, args, kwargs) -> None:
-    """Runs Keras's initialisers of a functional model on `model`.
-
-    A class deriving from both `TowerModel` and `Functional` must run
-    `Trainer.__init__` before `Functional.__init__`, as `keras.Model` does
-    for the classes it builds.
-    """
-    _FUNCTIONAL.trainer.__init__(model)
-    Functional.__init__(model, *args, **kwargs)
+init_functional = _FUNCTIONAL.init_functional
+register_alias = _FUNCTIONAL.register_alias
 
 
 def graph_of(model):

@@ -125,7 +125,7 @@ def test_page_types_no_generated_table_row_by_hand():
     assert not [row for row in rows if row in page_lines]
 
 
-@pytest.mark.parametrize("name", ["trace", "traffic"])
+@pytest.mark.parametrize("name", ["trace", "traffic", "steady"])
 def test_included_tables_are_written_from_their_results(name):
     import importlib
 
@@ -168,6 +168,14 @@ def test_first_step_figures_match_trace_json():
         f"Measured on the machine above, {trace['meta']['date'].split()[0]}, "
         f"commit `{machine['git_commit'][:7]}`, {LOGICAL_DEVICES} logical CPUs "
         f"on {machine['cpu_count']} cores"
+    )
+
+
+def test_steady_run_is_dated_as_steady_json():
+    meta = _load("steady.json")["meta"]
+    _phrase(
+        f"Measured on the machine above, {meta['date'].split()[0]}, commit "
+        f"`{meta['machine']['git_commit'][:7]}`:"
     )
 
 
@@ -250,6 +258,7 @@ def test_run_times_match_the_results():
         ".trace": "trace.json",
         ".trace_once": "trace_once.json",
         ".traffic": "traffic.json",
+        ".steady": "steady.json",
     }
     stated = re.findall(
         r"^python -m bench(\.\w+)? [^\n]*# [^\n]*about (\d+) minutes? here", PAGE, re.M

@@ -22,8 +22,8 @@ Allowed:
   is the caption's date, like the captions below. A hash there still fails;
 - the captions of benchmark tables, which live in generated files the pages
   include: ``docs/snippets/`` and ``bench/results/*.md`` are not read;
-- in ``docs/benchmarks.md``, the two sentences that date the included
-  ``trace.md`` and ``traffic.md`` tables ("Measured on the machine above,
+- in ``docs/benchmarks.md``, the sentences that date the included
+  ``trace.md``, ``steady.md`` and ``traffic.md`` tables ("Measured on the machine above,
   <date>, commit `<hash>`" and "These numbers were measured on <date>"):
   ``tests/test_benchmarks_page.py`` checks them against the results' JSON.
 """

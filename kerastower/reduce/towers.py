@@ -354,7 +354,7 @@ class TowerCollectives:
     def gather(self, values: Sequence[tf.Tensor]) -> list[tf.Tensor]:
         """Every call's `values`, stacked: each value's rows are the calls'
         in the group's order, the same on every call; one collective per
-        dtype."""
+        dtype (floating point, int32 or int64: `CollectiveAllToAllV2`'s)."""
         return _packed_by_dtype(values, self.gather_flat, rows=True)
 
     def gather_flat(self, flat: tf.Tensor) -> tf.Tensor:
@@ -400,8 +400,9 @@ def exchanges_whole(flat: tf.Tensor) -> bool:
     ``k / N`` values each; the exchange in one round of ``(N - 1) k``.
     Between 4 logical CPUs of one process a ring's sum of a few hundred
     values took 320 us, the exchange 200 us (8 CPUs: 730 against 320 us):
-    ``BatchNormalization`` makes three such sums per layer, one after the
-    other. Large vectors (gradients) keep the ring.
+    a synchronised ``BatchNormalization`` layer waits on two such
+    collectives (`kerastower.step.batch_norm`), one layer after the other.
+    Large vectors (gradients) keep the ring.
     """
     size = flat.shape.num_elements()
     return (

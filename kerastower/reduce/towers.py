@@ -280,27 +280,53 @@ def _packed_by_dtype(
 ) -> list[tf.Tensor]:
     """`flat_fn` of the values of each dtype, packed into one vector; with
     `rows`, `flat_fn` returns one such vector per member, stacked, and so
-    does this function for each value."""
+    does this function for each value.
+
+    Values of known shapes (`BatchNormalization`'s statistics, the losses'
+    divisors) are cut and shaped with constants: a packing is then a few ops
+    where computed shapes took dozens, in a trace that repeats it for every
+    layer.
+    """
     values = [tf.convert_to_tensor(v) for v in values]
     out = list(values)
     for dtype in sorted({v.dtype for v in values}, key=lambda d: d.name):
         where = [i for i, v in enumerate(values) if v.dtype == dtype]
-        flat = [tf.reshape(values[i], [-1]) for i in where]
+        known = all(values[i].shape.is_fully_defined() for i in where)
+        flat = [_flat(values[i]) for i in where]
         if len(where) == 1:  # nothing to pack
             pieces = [flat_fn(flat[0])]
         else:
             done = flat_fn(tf.concat(flat, axis=0))
-            sizes = tf.stack([tf.size(values[i]) for i in where])
+            sizes = (
+                [values[i].shape.num_elements() for i in where]
+                if known
+                else tf.stack([tf.size(values[i]) for i in where])
+            )
             pieces = tf.split(done, sizes, num=len(where), axis=int(rows))
         for i, piece in zip(where, pieces):
-            shape = tf.shape(values[i])
-            if rows:
-                out[i] = tf.reshape(piece, tf.concat([tf.shape(piece)[:1], shape], 0))
-                out[i].set_shape(tf.TensorShape([None]).concatenate(values[i].shape))
-            else:
-                out[i] = tf.reshape(piece, shape)
-                out[i].set_shape(values[i].shape)
+            out[i] = _shaped(piece, values[i], rows)
     return out
+
+
+def _flat(value: tf.Tensor) -> tf.Tensor:
+    return value if value.shape.rank == 1 else tf.reshape(value, [-1])
+
+
+def _shaped(piece: tf.Tensor, value: tf.Tensor, rows: bool) -> tf.Tensor:
+    """`piece` in the shape of `value`, after one leading axis with `rows`."""
+    if value.shape.rank == 1 and value.shape.is_fully_defined():
+        return piece  # a vector's piece has its shape already
+    if value.shape.is_fully_defined():
+        shape = value.shape.as_list()
+        return tf.reshape(piece, [-1, *shape] if rows else shape)
+    shape = tf.shape(value)
+    if rows:
+        shaped = tf.reshape(piece, tf.concat([tf.shape(piece)[:1], shape], 0))
+        shaped.set_shape(tf.TensorShape([None]).concatenate(value.shape))
+    else:
+        shaped = tf.reshape(piece, shape)
+        shaped.set_shape(value.shape)
+    return shaped
 
 
 class TowerCollectives:
@@ -337,6 +363,7 @@ class TowerCollectives:
         self.timeout_seconds = timeout_seconds
         self.token = token
         self.used = 0
+        self._multiples: tf.Tensor | None = None
 
     def __call__(self, values: Sequence[tf.Tensor]) -> list[tf.Tensor]:
         return sum_by_dtype(values, self.sum_flat)
@@ -361,8 +388,15 @@ class TowerCollectives:
         """`flat`, a vector, of every call, ``(group_size, k)``, with the
         next key: each call sends its whole vector to every other
         (``CollectiveAllToAllV2`` of `group_size` copies)."""
-        copies = tf.tile(flat[tf.newaxis], tf.stack([self.group_size, 1]))
+        copies = tf.tile(tf.expand_dims(flat, 0), self._copies())
         return tf.raw_ops.CollectiveAllToAllV2(input=copies, **self._next_key())
+
+    def _copies(self) -> tf.Tensor:
+        """``(group_size, 1)``, made once per graph the collectives are in."""
+        graph = tf.compat.v1.get_default_graph()
+        if self._multiples is None or self._multiples.graph is not graph:
+            self._multiples = tf.stack([self.group_size, 1])
+        return self._multiples
 
     def _next_key(self) -> dict:
         if self.used >= keys.STEP_BLOCK:

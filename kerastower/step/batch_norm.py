@@ -72,23 +72,27 @@ def global_moments(
     dtype = inputs.dtype
     x = tf.cast(inputs, tf.float32) if dtype in (tf.float16, tf.bfloat16) else inputs
     axes = list(axes)
-    if mask is None:
-        mean, variance, count = _moments(x, axes, total, gather)
+    kept = [x.shape[i] for i in range(x.shape.rank) if i not in axes]
+    if mask is None and gather is not None and None not in kept:
+        mean, variance, count = _gathered_moments(x, axes, total, gather)
     else:
-        mean, variance, count = _masked_moments(x, axes, mask, total)
-    mean, variance = tf.squeeze(mean, axes), tf.squeeze(variance, axes)
+        if mask is None:
+            mean, variance, count = _moments(x, axes, total)
+        else:
+            mean, variance, count = _masked_moments(x, axes, mask, total)
+        mean, variance = tf.squeeze(mean, axes), tf.squeeze(variance, axes)
+        count = tf.squeeze(count, axes)
     if dtype in (tf.float16, tf.bfloat16):
         mean = tf.cast(tf.clip_by_value(mean, dtype.min, dtype.max), dtype)
         variance = tf.cast(tf.clip_by_value(variance, dtype.min, dtype.max), dtype)
     if with_count:
-        return mean, variance, tf.squeeze(count, axes)
+        return mean, variance, count
     return mean, variance
 
 
-def _moments(
-    x: tf.Tensor, axes: list[int], total: Callable, gather: Callable | None
-) -> tuple:
-    """Unmasked ``(mean, variance, count)``, one gradient for both statistics.
+def _attached(x, mean, variance, count, total, centre=lambda m: m):
+    """`mean` and `variance` of `x` (their values given), with one
+    gradient for both statistics.
 
     As one device's `tf.nn.moments` does, the variance holds the mean
     constant (``stop_gradient``), so the gradient of the towers' loss with
@@ -102,42 +106,85 @@ def _moments(
     in the backward pass, where differentiating the two sums separately
     took two, and four custom gradients per layer instead of two (the
     first step's trace, on ResNet50's 53 layers and DenseNet121's 120).
+    `centre` shapes a statistic to broadcast against `x`.
     """
-    stopped = tf.stop_gradient(x)
-    count = tf.cast(tf.reduce_prod(tf.gather(tf.shape(x), axes)), x.dtype)
-    count = tf.reshape(count, [1] * x.shape.rank)
-    summed = tf.reduce_sum(stopped, axes, keepdims=True)
-    if gather is None:
-        summed, count = total([summed, count])
-        mean = tf.math.divide_no_nan(summed, count)
-        deviation = stopped - mean
-        (squared,) = total([tf.reduce_sum(tf.square(deviation), axes, keepdims=True)])
-    else:
-        own = tf.square(stopped - tf.math.divide_no_nan(summed, count))
-        sums, counts, owns = gather(
-            [summed, count, tf.reduce_sum(own, axes, keepdims=True)]
-        )
-        summed, count = tf.reduce_sum(sums, 0), tf.reduce_sum(counts, 0)
-        mean = tf.math.divide_no_nan(summed, count)
-        spread = counts * tf.square(tf.math.divide_no_nan(sums, counts) - mean)
-        squared = tf.reduce_sum(owns, 0) + tf.reduce_sum(spread, 0)
-    variance = tf.math.divide_no_nan(squared, count)
 
     @tf.custom_gradient
     def attach(x, mean, variance):
         def grad(upstream_mean, upstream_variance):
-            upstream = [
-                tf.zeros_like(value) if g is None else tf.math.divide_no_nan(g, count)
-                for g, value in ((upstream_mean, mean), (upstream_variance, variance))
-            ]
-            per_mean, per_variance = self_adjoint(upstream, total)
+            upstream = tf.stack(
+                [
+                    tf.zeros_like(value) if g is None else g
+                    for g, value in (
+                        (upstream_mean, mean),
+                        (upstream_variance, variance),
+                    )
+                ]
+            )
+            (summed,) = self_adjoint([tf.math.divide_no_nan(upstream, count)], total)
+            per_mean, per_variance = (centre(g) for g in tf.unstack(summed))
             # Differentiable again (a gradient penalty), as one device's.
-            dx = per_mean + per_variance * ((x - tf.stop_gradient(mean)) * 2.0)
-            return dx, None, None
+            deviation = x - tf.stop_gradient(centre(mean))
+            return per_mean + per_variance * (deviation * 2.0), None, None
 
         return (tf.identity(mean), tf.identity(variance)), grad
 
-    return (*attach(x, mean, variance), count)
+    return attach(x, mean, variance)
+
+
+def _moments(x: tf.Tensor, axes: list[int], total: Callable) -> tuple:
+    """Unmasked ``(mean, variance, count)``, kept dimensions, in two passes
+    over the towers (`_attached` differentiates them)."""
+    stopped = tf.stop_gradient(x)
+    count = tf.cast(tf.reduce_prod(tf.gather(tf.shape(x), axes)), x.dtype)
+    count = tf.reshape(count, [1] * x.shape.rank)
+    summed = tf.reduce_sum(stopped, axes, keepdims=True)
+    summed, count = total([summed, count])
+    mean = tf.math.divide_no_nan(summed, count)
+    deviation = stopped - mean
+    (squared,) = total([tf.reduce_sum(tf.square(deviation), axes, keepdims=True)])
+    variance = tf.math.divide_no_nan(squared, count)
+    return (*_attached(x, mean, variance, count, total), count)
+
+
+def _gathered_moments(
+    x: tf.Tensor, axes: list[int], total: Callable, gather: Callable
+) -> tuple:
+    """Unmasked ``(mean, variance, count)``, squeezed to the kept axes
+    (whose sizes are known), from one gather (Chan et al.'s combination;
+    `_attached` differentiates them).
+
+    Built of few ops: the first step traces this once per layer (ResNet50's
+    53, DenseNet121's 120), and the tower function's size is what its trace
+    and each device's instantiation cost.
+    """
+    kept = [x.shape[i] for i in range(x.shape.rank) if i not in axes]
+    trailing = axes == list(range(len(axes)))  # statistics broadcast as they are
+    keep_dims = [1 if i in axes else x.shape[i] for i in range(x.shape.rank)]
+
+    def centre(statistic):
+        return statistic if trailing else tf.reshape(statistic, keep_dims)
+
+    def flat(statistic):
+        return statistic if len(kept) == 1 else tf.reshape(statistic, [-1])
+
+    stopped = tf.stop_gradient(x)
+    width = 1
+    for size in kept:
+        width *= size
+    count = tf.cast(tf.size(x, out_type=tf.int64) // width, x.dtype)
+    summed = tf.reduce_sum(stopped, axes)
+    own = tf.square(stopped - centre(tf.math.divide_no_nan(summed, count)))
+    sums, counts, owns = gather(
+        [flat(summed), tf.reshape(count, [1]), flat(tf.reduce_sum(own, axes))]
+    )
+    count = tf.reduce_sum(counts, 0)
+    mean = tf.math.divide_no_nan(tf.reduce_sum(sums, 0), count)
+    spread = counts * tf.square(tf.math.divide_no_nan(sums, counts) - mean)
+    variance = tf.math.divide_no_nan(tf.reduce_sum(owns + spread, 0), count)
+    if len(kept) > 1:
+        mean, variance = tf.reshape(mean, kept), tf.reshape(variance, kept)
+    return (*_attached(x, mean, variance, count, total, centre), count)
 
 
 def _masked_moments(

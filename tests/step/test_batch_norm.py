@@ -9,8 +9,18 @@ import tensorflow as tf
 import kerastower
 from kerastower.step.batch_norm import global_moments
 
-X = np.random.default_rng(3).normal(2.0, 0.5, size=(7, 3)).astype("float64")
 W = np.random.default_rng(4).normal(size=(3,)).astype("float64")
+# The statistics' axes: the last kept (a Dense layer's, channels last), a
+# middle one (channels first) and two kept (Keras 2's `axis=[1, 2]`).
+LAYOUTS = {
+    "last": ((7, 3), [0]),
+    "middle": ((7, 3, 2), [0, 2]),
+    "two": ((7, 2, 3), [0]),
+}
+
+
+def activations(shape):
+    return np.random.default_rng(3).normal(2.0, 0.5, size=shape).astype("float64")
 
 
 def statistics_loss(mean, variance):
@@ -19,15 +29,15 @@ def statistics_loss(mean, variance):
     return tf.reduce_sum(W * mean**2 + W**2 * mean * variance + variance**3)
 
 
-def one_device():
+def one_device(x, axes):
     """The loss's gradient and the gradient of its squared norm (a gradient
     penalty), on one device with `tf.nn.moments`."""
-    x = tf.constant(X)
+    x = tf.constant(x)
     with tf.GradientTape() as outer:
         outer.watch(x)
         with tf.GradientTape() as inner:
             inner.watch(x)
-            mean, variance = tf.nn.moments(x, [0])
+            mean, variance = tf.nn.moments(x, axes)
             loss = statistics_loss(mean, variance)
         gradient = inner.gradient(loss, x)
         penalty = tf.reduce_sum(gradient**2)
@@ -46,16 +56,21 @@ def stacked(values, towers):
     return context.all_reduce(tf.distribute.ReduceOp.SUM, rows)
 
 
+@pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("gathers", [False, True], ids=["sums", "gather"])
 @pytest.mark.parametrize("sizes", [(3, 2, 2), (5, 2, 0)], ids=["even", "empty"])
-def test_global_moments_differentiate_as_one_device_to_the_second_order(sizes, gathers):
+def test_global_moments_differentiate_as_one_device_to_the_second_order(
+    sizes, gathers, layout
+):
     # Every tower adds its share of the loss (the statistics are the whole
     # batch's, the same on every tower) and its rows' share of the penalty;
     # the sums' gradients carry every tower's share to every tower's rows.
+    shape, axes = LAYOUTS[layout]
+    x_all = activations(shape)
     towers = len(sizes)
     strategy = kerastower.TowerStrategy(kerastower.available_devices()[:towers])
     starts = np.cumsum((0,) + sizes)
-    shards = [X[starts[i] : starts[i + 1]] for i in range(towers)]
+    shards = [x_all[starts[i] : starts[i + 1]] for i in range(towers)]
 
     inputs = strategy.experimental_distribute_values_from_function(
         lambda context: tf.constant(shards[context.replica_id_in_sync_group])
@@ -69,7 +84,7 @@ def test_global_moments_differentiate_as_one_device_to_the_second_order(sizes, g
                 with tf.GradientTape() as inner:
                     inner.watch(x)
                     gather = (lambda v: stacked(v, towers)) if gathers else None
-                    mean, variance = global_moments(x, [0], gather=gather)
+                    mean, variance = global_moments(x, axes, gather=gather)
                     loss = statistics_loss(mean, variance) / towers
                 gradient = inner.gradient(loss, x)
                 penalty = tf.reduce_sum(gradient**2)
@@ -82,7 +97,7 @@ def test_global_moments_differentiate_as_one_device_to_the_second_order(sizes, g
         )
 
     gradient, second = step(inputs)
-    expected_gradient, expected_second = one_device()
+    expected_gradient, expected_second = one_device(x_all, axes)
     # float64: agreement to rounding, in another order of the sums.
     np.testing.assert_allclose(gradient.numpy(), expected_gradient, rtol=1e-12)
     np.testing.assert_allclose(second.numpy(), expected_second, rtol=1e-11)

@@ -310,3 +310,37 @@ def test_float8_training_is_refused_on_towers(replicas):
         model.fit(x, y, batch_size=6, verbose=0)
     one = float8_model(1)
     one.fit(x, y, batch_size=6, verbose=0)  # one tower trains as one device
+
+
+def optional_input_model(towers):
+    """keras.io's optional input: ``o`` is added when given, else left out."""
+    keras.utils.set_random_seed(0)
+    x = keras.Input((2,), name="x")
+    o = keras.Input((2,), name="o", optional=True)
+
+    class AddOptional(keras.layers.Layer):
+        def call(self, x, o):
+            return x if o is None else x + o
+
+    outputs = keras.layers.Dense(2)(AddOptional()(x, o))
+    if towers:
+        return kerastower.TowerModel({"x": x, "o": o}, outputs, towers=towers)
+    return keras.Model({"x": x, "o": o}, outputs)
+
+
+@pytest.mark.parametrize("given", [False, True], ids=["none", "array"])
+def test_an_optional_input_left_out_trains_as_keras_does(given):
+    # Before the first step a functional TowerModel builds its compiled loss
+    # from its graph's output specs; an input given as ``None`` has none, and
+    # the model builds as Keras builds it.
+    data = np.random.default_rng(0).normal(size=(6, 2)).astype("float32")
+    x = {"x": data, "o": data[::-1].copy() if given else None}
+    models = [optional_input_model(towers) for towers in (0, 4)]
+    histories = []
+    for model in models:
+        model.compile(optimizer="sgd", loss="mse")
+        histories.append(
+            model.fit(x, data * 2, batch_size=6, epochs=2, verbose=0).history
+        )
+    assert_same_history(*histories)
+    assert_same_weights(*models)

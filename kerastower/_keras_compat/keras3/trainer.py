@@ -206,8 +206,10 @@ def _build_compiled_from_graph(model, data_batch) -> None:
         return
     symbolic = tf.nest.map_structure(_any_batch, data_batch)
     x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(symbolic)
-    shapes = [tuple(t.shape) for t in tf.nest.flatten(x)]
-    if shapes != [tuple(t.shape) for t in model.inputs]:
+    leaves = tf.nest.flatten(x)
+    if any(leaf is None for leaf in leaves):  # an optional input left out
+        return
+    if [leaf.shape for leaf in leaves] != [tuple(t.shape) for t in model.inputs]:
         return
     y_pred = model.compute_output_spec(x, training=False)
     metrics = _attribute(model, "_compile_metrics", "Trainer")

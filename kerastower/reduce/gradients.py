@@ -15,7 +15,11 @@ from typing import Any
 import tensorflow as tf
 
 
-def sum_gradients(per_tower: Sequence[Any], static_rows: bool | None = None) -> Any:
+def sum_gradients(
+    per_tower: Sequence[Any],
+    static_rows: bool | None = None,
+    first_alone: tf.Tensor | None = None,
+) -> Any:
     """Sums one variable's per-tower gradients into the one-device gradient.
 
     Dense gradients are added. Sparse ones (`tf.IndexedSlices`, from gathers
@@ -34,18 +38,38 @@ def sum_gradients(per_tower: Sequence[Any], static_rows: bool | None = None) -> 
 
     The result stays sparse: a large table is never densified. `static_rows`
     overrides the row-count test (see `traced_static_rows`).
+
+    `first_alone`, a bool scalar (or ``None`` for false), says where the
+    first tower's gradient alone is the sum: where every tower ran the whole
+    of a batch smaller than the tower count, the others' add nothing.
     """
     first = per_tower[0]
     if len(per_tower) == 1:
         return first
     if not isinstance(first, tf.IndexedSlices):
-        return tf.add_n(list(per_tower))
+        total = tf.add_n(list(per_tower))
+        if first_alone is None:
+            return total
+        # `Select` of a scalar condition hands on its input, uncopied
+        # (`tf.where` copies it).
+        return tf.raw_ops.Select(condition=first_alone, x=first, y=total)
+    if static_rows is None:
+        static_rows = has_static_rows(per_tower)
+    if first_alone is not None:
+        keep = tf.logical_not(first_alone)
+        per_tower = [first, *(rows_if(g, keep) for g in per_tower[1:])]
     values = tf.concat([g.values for g in per_tower], axis=0)
     indices = tf.concat([g.indices for g in per_tower], axis=0)
     summed = tf.IndexedSlices(values, indices, first.dense_shape)
-    if has_static_rows(per_tower) if static_rows is None else static_rows:
-        return merge_rows(summed)
-    return summed
+    return merge_rows(summed) if static_rows else summed
+
+
+def rows_if(slices: tf.IndexedSlices, keep: tf.Tensor) -> tf.IndexedSlices:
+    """`slices` where `keep` (a bool scalar) is true, else none of its rows."""
+    rows = tf.where(keep, tf.shape(slices.indices)[0], 0)
+    return tf.IndexedSlices(
+        slices.values[:rows], slices.indices[:rows], slices.dense_shape
+    )
 
 
 def has_static_rows(per_tower: Sequence[Any]) -> bool:

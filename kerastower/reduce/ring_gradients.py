@@ -21,7 +21,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from kerastower.reduce.gradients import has_static_rows, merge_rows
+from kerastower.reduce.gradients import has_static_rows, merge_rows, rows_if
 from kerastower.reduce.ring import (
     AllReduceOptions,
     Ring,
@@ -75,10 +75,7 @@ def sum_in_call(
         if not isinstance(gradient, tf.IndexedSlices):
             dense.append(k)
         elif runs is not None:
-            rows = tf.where(runs, tf.shape(gradient.indices)[0], 0)
-            out[k] = tf.IndexedSlices(
-                gradient.values[:rows], gradient.indices[:rows], gradient.dense_shape
-            )
+            out[k] = rows_if(gradient, runs)
     for dtype in sorted({gradients[k].dtype for k in dense}, key=str):
         where = [k for k in dense if gradients[k].dtype == dtype]
         wire = wire_dtype(options, dtype)

@@ -291,7 +291,9 @@ def _guarded_weights(model) -> list:
     return [v for v in model.weights if id(v) not in own]
 
 
-def apply_traced(model: keras.Model, state: StepState, per_tower: Sequence) -> None:
+def apply_traced(
+    model: keras.Model, state: StepState, per_tower: Sequence, first_tower: int = 0
+) -> None:
     """Makes the assignments of a tower traced once, as towers traced one by
     one made them: tower 0's as they are, then the other towers' (see
     `tower_reads`).
@@ -301,12 +303,13 @@ def apply_traced(model: keras.Model, state: StepState, per_tower: Sequence) -> N
         state: The `StepState` the towers read; its ``traced`` lists the
             variables the traced tower assigned.
         per_tower: Each tower's values of those variables, in tower order.
+        first_tower: The tower whose values come first in `per_tower`.
     """
     if not state.traced:
         return
     (updated, _) = state.traced[-1]
     mapped = _mapped(model, state)
-    for tower, values in enumerate(per_tower):
+    for tower, values in enumerate(per_tower, start=first_tower):
         value_of = dict(zip(map(id, updated), values))
         _make_updates(
             model,

@@ -93,9 +93,10 @@ class TowerBody:
         """What the tower traced once assigned, as it left it."""
         return layer_updates.traced_values(self.state)
 
-    def apply_updates(self, per_tower: Sequence) -> None:
-        """Makes the traced tower's assignments, tower by tower."""
-        layer_updates.apply_traced(self.model, self.state, per_tower)
+    def apply_updates(self, per_tower: Sequence, first_tower: int = 0) -> None:
+        """Makes the traced tower's assignments, tower by tower, from
+        `first_tower` on."""
+        layer_updates.apply_traced(self.model, self.state, per_tower, first_tower)
 
 
 class Prediction(TowerBody):
@@ -213,11 +214,21 @@ class Gradients(TowerBody):
         loss, outputs, per_output, masks = self.combine_rest(per_tower)
         grads = [t[0] for t in per_tower]
         if self.replicas is None:
-            static = [self.static_rows[j] for j in self.connected]
-            grads = [sum_gradients(g, rows) for g, rows in zip(zip(*grads), static)]
+            grads = self.summed(grads)
         else:  # all-reduced once, after both ways of running the batch
             grads = self.replicas.every_tower(grads)
         return grads, loss, outputs, per_output, masks
+
+    def summed(self, per_tower: list, first_alone: tf.Tensor | None = None) -> list:
+        """The towers' gradients (a list per tower) summed into the
+        one-device gradients, once `combine_rest` has run; where
+        `first_alone` (a bool scalar), the first tower's, which ran the
+        whole batch while the others ran it too and add nothing."""
+        static = [self.static_rows[j] for j in self.connected]
+        return [
+            sum_gradients(g, rows, first_alone)
+            for g, rows in zip(zip(*per_tower), static)
+        ]
 
     def combine_rest(self, per_tower: list) -> Any:
         """``(loss, outputs, per_output, masks)`` of the batch, for towers

@@ -130,6 +130,8 @@ class TowerRuns:
                     and calls is None
                     and isinstance(body, tower_body.Gradients)
                 )
+                if sums_gradients:
+                    body.summed_inside = True
                 runs = traced_towers.run(
                     model,
                     body,
@@ -141,7 +143,9 @@ class TowerRuns:
                     calls,
                     sums_gradients,
                 )
-                if sums_gradients:
+                # Over several workers, a call's group counts the towers
+                # of every worker that run: a cond calls them.
+                if calls is None:
                     result = self._every_tower(body, runs, batch)
                 else:
                     result = tf.cond(
@@ -163,20 +167,36 @@ class TowerRuns:
         return result, total
 
     def _every_tower(self, body, runs, batch):
-        """`body`'s result from `traced_towers.Runs.on_every_tower`: every
-        tower's summed gradients, and the rest (and the assignments) of
-        every tower's results, or of the first's when it ran the batch
-        whole."""
-        towers = self.model.num_towers
-        per_tower = runs.on_every_tower(batch < towers)
-        body.summed_inside = True
+        """`body`'s result from `traced_towers.Runs.on_every_tower`.
 
-        rest = tf.cond(
-            batch >= towers,
-            _joined(body, lambda: per_tower, body.combine_rest),
-            _joined(body, lambda: per_tower[:1], body.combine_rest),
-        )
-        return ([result[0] for result, _ in per_tower], *rest)
+        The first tower's assignments are made in any case; the other
+        towers' results but their gradients, and their assignments, join
+        the first's in a `tf.cond` on whether the first ran the batch whole
+        (when it did, they are left out). The gradients and the first
+        tower's assignments stay out of it, where each would be an input
+        and an output of both branches: the gradients summed over the
+        towers, the first's alone where it ran the batch whole, or,
+        `summed_inside`, each tower's.
+        """
+        towers = self.model.num_towers
+        small = batch < towers
+        per_tower = runs.on_every_tower(small)
+        body.apply_updates([per_tower[0][1]])
+        gradients = isinstance(body, tower_body.Gradients)
+        combine = body.combine_rest if gradients else body.combine
+
+        def joined(count):
+            def branch():
+                body.apply_updates([u for _, u in per_tower[1:count]], first_tower=1)
+                return combine([result for result, _ in per_tower[:count]])
+
+            return branch
+
+        rest = tf.cond(small, joined(1), joined(towers))
+        if not gradients:
+            return rest
+        grads = [result[0] for result, _ in per_tower]
+        return (grads if body.summed_inside else body.summed(grads, small), *rest)
 
     def run_copies(self, body, frame, data, batch, total, xla):
         """Splits `data` into shards and runs `body` on every tower, in

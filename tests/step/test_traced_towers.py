@@ -165,3 +165,48 @@ def test_step_functions_get_one_round_of_grappler_where_towers_are_traced_once(
     assert Rounds.seen[-1] is once
     # The wrapper copies, as Keras's own function does.
     assert callable(copy.copy(getattr(model, f"{run}_function")))
+
+
+def _conditional_inputs(function: tf.types.experimental.ConcreteFunction) -> list[int]:
+    """The data inputs of every conditional in `function`'s graph and the
+    functions it calls."""
+    graph_def = function.graph.as_graph_def()
+    nodes = list(graph_def.node)
+    for library_function in graph_def.library.function:
+        nodes.extend(library_function.node_def)
+    return [
+        sum(not name.startswith("^") for name in node.input)
+        for node in nodes
+        if node.op in ("If", "StatelessIf")
+    ]
+
+
+@pytest.mark.parametrize("replicate_variables", [False, True])
+def test_no_conditional_of_a_step_takes_every_weight(replicate_variables):
+    # A batch smaller than the tower count runs whole on the first tower.
+    # Taking every tower's call into a conditional on it passed the calls'
+    # inputs (every weight) and outputs (every gradient) through both
+    # branches: ~1,700 of ResNet50's ops on 4 towers, ~13% of its first
+    # step's trace. Only the loss, outputs and metrics go through one now.
+    keras.utils.set_random_seed(0)
+    inputs = keras.Input((6,))
+    h = keras.layers.BatchNormalization()(inputs)
+    for _ in range(12):
+        h = keras.layers.Dense(6)(h)
+    model = kerastower.TowerModel(
+        inputs,
+        keras.layers.Dense(1)(h),
+        towers=4,
+        replicate_variables=replicate_variables,
+    )
+    model.compile(optimizer="adam", loss="mse", metrics=["mae"])
+    model.train_on_batch(X, Y)
+    specs = (tf.TensorSpec([None, 6]), tf.TensorSpec([None, 1]))
+    for step in (model.train_step, model.test_step):
+        traced = tf.function(lambda x, y, step=step: step((x, y)))
+        inputs = _conditional_inputs(traced.get_concrete_function(*specs))
+        assert inputs  # the conditional on the batch is there
+        assert max(inputs) < len(model.weights), inputs
+    traced = tf.function(model.predict_step)
+    inputs = _conditional_inputs(traced.get_concrete_function(specs[0]))
+    assert max(inputs) < len(model.weights), inputs

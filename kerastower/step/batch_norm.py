@@ -34,6 +34,7 @@ the towers in the backward pass (`_moments`).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 
 import tensorflow as tf
@@ -74,7 +75,7 @@ def global_moments(
     axes = list(axes)
     kept = [x.shape[i] for i in range(x.shape.rank) if i not in axes]
     if mask is None and gather is not None and None not in kept:
-        mean, variance, count = _gathered_moments(x, axes, total, gather)
+        mean, variance, count = _gathered_moments(x, axes, kept, total, gather)
     else:
         if mask is None:
             mean, variance, count = _moments(x, axes, total)
@@ -148,42 +149,34 @@ def _moments(x: tf.Tensor, axes: list[int], total: Callable) -> tuple:
 
 
 def _gathered_moments(
-    x: tf.Tensor, axes: list[int], total: Callable, gather: Callable
+    x: tf.Tensor, axes: list[int], kept: list[int], total: Callable, gather: Callable
 ) -> tuple:
-    """Unmasked ``(mean, variance, count)``, squeezed to the kept axes
-    (whose sizes are known), from one gather (Chan et al.'s combination;
-    `_attached` differentiates them).
+    """Unmasked ``(mean, variance, count)``, squeezed to the `kept` axes'
+    sizes (known), from one gather (Chan et al.'s combination; `_attached`
+    differentiates them).
 
     Built of few ops: the first step traces this once per layer (ResNet50's
     53, DenseNet121's 120), and the tower function's size is what its trace
     and each device's instantiation cost.
     """
-    kept = [x.shape[i] for i in range(x.shape.rank) if i not in axes]
     trailing = axes == list(range(len(axes)))  # statistics broadcast as they are
     keep_dims = [1 if i in axes else x.shape[i] for i in range(x.shape.rank)]
 
     def centre(statistic):
         return statistic if trailing else tf.reshape(statistic, keep_dims)
 
-    def flat(statistic):
-        return statistic if len(kept) == 1 else tf.reshape(statistic, [-1])
-
     stopped = tf.stop_gradient(x)
-    width = 1
-    for size in kept:
-        width *= size
-    count = tf.cast(tf.size(x, out_type=tf.int64) // width, x.dtype)
+    count = tf.cast(tf.size(x, out_type=tf.int64) // math.prod(kept), x.dtype)
     summed = tf.reduce_sum(stopped, axes)
     own = tf.square(stopped - centre(tf.math.divide_no_nan(summed, count)))
+    # Gathered: [N, *kept], [N, 1, ...] (broadcast against them), [N, *kept].
     sums, counts, owns = gather(
-        [flat(summed), tf.reshape(count, [1]), flat(tf.reduce_sum(own, axes))]
+        [summed, tf.reshape(count, [1] * len(kept)), tf.reduce_sum(own, axes)]
     )
     count = tf.reduce_sum(counts, 0)
     mean = tf.math.divide_no_nan(tf.reduce_sum(sums, 0), count)
     spread = counts * tf.square(tf.math.divide_no_nan(sums, counts) - mean)
     variance = tf.math.divide_no_nan(tf.reduce_sum(owns + spread, 0), count)
-    if len(kept) > 1:
-        mean, variance = tf.reshape(mean, kept), tf.reshape(variance, kept)
     return (*_attached(x, mean, variance, count, total, centre), count)
 
 

@@ -143,9 +143,13 @@ class TowerRuns:
                     calls,
                     sums_gradients,
                 )
-                # Over several workers, a call's group counts the towers
-                # of every worker that run: a cond calls them.
-                if calls is None:
+                # Every tower is called at every step on one worker where
+                # towers return what they assign (Keras 3): Keras 2's
+                # layers assign inside a tower, and every tower running a
+                # small batch as the first does would assign as it does.
+                # Over several workers, a call's group counts the towers of
+                # every worker that run. A cond calls the others.
+                if calls is None and _keras_compat.KERAS_FAMILY >= 3:
                     result = self._every_tower(body, runs, batch)
                 else:
                     result = tf.cond(

@@ -33,8 +33,8 @@ it makes the model's assignments) is now an input:
   model's own variables): the function reads them, on the tower's device,
   and differentiates the values it read; the replicas' updates stay
   outside it;
-- on one worker, whether it runs: every tower is called at every step
-  (`Runs.on_every_tower`), and for a batch smaller than the tower count
+- on one worker of Keras 3, whether it runs: every tower is called at
+  every step (`Runs.on_every_tower`), and for a batch smaller than the tower count
   every tower runs the first tower's whole-batch call, its statistics its
   own; the step keeps the first's results alone then
   (`kerastower.step.tower_runs`). With replicas, each call also sums its
@@ -135,15 +135,15 @@ class Runs(NamedTuple):
     """The ways of calling the tower traced by `run`.
 
     Attributes:
-        on_towers: Calls it on every tower's shard (on several workers,
-            in a `tf.cond` on the batch size).
+        on_towers: Calls it on every tower's shard (on several workers
+            and on Keras 2, in a `tf.cond` on the batch size).
         on_one_tower: Calls it on the first tower with the whole batch
             (the cond's other branch).
-        on_every_tower: ``on_every_tower(small)``, on one worker: calls it
-            on every tower, with the whole batch on the first when `small`
-            (a bool scalar) and on the others too, whose results then
-            count for nothing (with replicas, their gradients add nothing
-            to the sums inside).
+        on_every_tower: ``on_every_tower(small)``, on one worker of Keras 3:
+            calls it on every tower, with the whole batch on the first when
+            `small` (a bool scalar) and on the others too, whose results
+            then count for nothing (with replicas, their gradients add
+            nothing to the sums inside).
 
     Each returns a list (of ``N`` or of one) of ``(result, updates)``: the
     body's result and what the tower assigned (`body.traced_updates`).

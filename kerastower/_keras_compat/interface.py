@@ -80,6 +80,7 @@ set_initial_epoch = _callbacks.set_initial_epoch
 steps_per_execution = _callbacks.steps_per_execution
 
 activity_penalties_summed = _layers.activity_penalties_summed
+assigns_in_towers = _layers.assigns_in_towers
 draws_per_traced_op = _layers.draws_per_traced_op
 freeze_spectral_update = _layers.freeze_spectral_update
 held_before_towers = _layers.held_before_towers
@@ -136,6 +137,7 @@ __all__ = [
     "_attribute",
     "_fail",
     "activity_penalties_summed",
+    "assigns_in_towers",
     "build_before_towers",
     "build_metrics",
     "build_optimizer",

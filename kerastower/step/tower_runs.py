@@ -144,12 +144,12 @@ class TowerRuns:
                     sums_gradients,
                 )
                 # Every tower is called at every step on one worker where
-                # towers return what they assign (Keras 3): Keras 2's
-                # layers assign inside a tower, and every tower running a
+                # towers return what they assign (Keras 3): where layers
+                # assign inside a tower (Keras 2), every tower running a
                 # small batch as the first does would assign as it does.
                 # Over several workers, a call's group counts the towers of
                 # every worker that run. A cond calls the others.
-                if calls is None and _keras_compat.KERAS_FAMILY >= 3:
+                if calls is None and not _keras_compat.assigns_in_towers():
                     result = self._every_tower(body, runs, batch)
                 else:
                     result = tf.cond(

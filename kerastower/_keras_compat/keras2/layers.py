@@ -185,6 +185,13 @@ def draws_per_traced_op(layers) -> bool:
     return any(hasattr(layer, "_random_generator") for layer in layers)
 
 
+def assigns_in_towers() -> bool:
+    """Whether layers make their assignments inside a tower traced once:
+    on Keras 2, `BatchNormalization`'s moving statistics are assigned there,
+    by the tower whose replica id is 0."""
+    return True
+
+
 def _check_spectral_normalization(layer) -> None:
     check_method(type(layer), "normalize_weights", ["self"], "SpectralNormalization")
     for name in ("kernel", "vector_u"):

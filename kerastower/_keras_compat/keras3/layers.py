@@ -48,6 +48,12 @@ def draws_per_traced_op(layers) -> bool:
     return False
 
 
+def assigns_in_towers() -> bool:
+    """Whether layers make their assignments inside a tower traced once:
+    never on Keras 3, whose towers return them (`tower_assignments`)."""
+    return False
+
+
 def _check_spectral_normalization(layer) -> None:
     check_method(type(layer), "normalized_weights", ["self"], "SpectralNormalization")
     for name in ("kernel", "vector_u"):

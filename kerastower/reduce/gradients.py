@@ -75,16 +75,25 @@ def rows_if(slices: tf.IndexedSlices, keep: tf.Tensor) -> tf.IndexedSlices:
 def has_static_rows(per_tower: Sequence[Any]) -> bool:
     """Whether one device's sparse gradient has one row per index.
 
-    A table gathered once per batch (static row count) is gathered once by
-    one device, and a gather of de-duplicated ids (indices made by a
-    ``Unique`` op, as in `tf.nn.embedding_lookup_sparse`, which Keras's
-    `matmul` of a sparse input uses) has one row per id: the towers' (and
-    workers') rows are merged by index. A gather of the examples' ids (row
-    count unknown) is concatenated.
+    A table gathered once per batch (a static row count, indices not
+    computed from the batch: position embeddings gathered with
+    ``range(length)``) is gathered once by one device, and a gather of
+    de-duplicated ids (indices made by a ``Unique`` op, as in
+    `tf.nn.embedding_lookup_sparse`, which Keras's `matmul` of a sparse
+    input uses) has one row per id: the towers' (and workers') rows are
+    merged by index. A gather of the examples' ids (indices computed from
+    the batch, and a row count unknown unless the batch size is static) is
+    concatenated.
     """
     return all(
         isinstance(g, tf.IndexedSlices)
-        and (g.values.shape[:1].is_fully_defined() or _unique_indices(g))
+        and (
+            _unique_indices(g)
+            or (
+                g.values.shape[:1].is_fully_defined()
+                and not _computed_from_data(g.indices)
+            )
+        )
         for g in per_tower
     )
 
@@ -99,6 +108,49 @@ def _unique_indices(slices: tf.IndexedSlices) -> bool:
             return False
         tensor = tensor.op.inputs[0]
     return False
+
+
+# Ops that read a step's data: a `tf.data` iterator's next element.
+_DATA_OPS = ("Iterator", "Optional", "MultiDeviceIterator")
+
+
+def _computed_from_data(tensor: Any) -> bool:
+    """Whether a traced tensor is computed from the traced function's data:
+    an input of the function (not a variable's handle or a captured
+    constant) or an iterator's element, followed through captures into the
+    graphs that hold the function. Variables' values count as no data."""
+    if tf.executing_eagerly() or not hasattr(tensor, "op"):
+        return False
+    stack, seen = [tensor], set()
+    while stack:
+        tensor = stack.pop()
+        op = tensor.op
+        key = (id(op.graph), op.name)
+        if key in seen:
+            continue
+        seen.add(key)
+        if op.type.startswith(_DATA_OPS):
+            return True
+        if op.type == "Placeholder":
+            outer = _captured(tensor)
+            if outer is None:
+                return True  # an argument of the function
+            if hasattr(outer, "op"):  # not an eager tensor, a constant
+                stack.append(outer)
+            continue
+        if op.type in ("ReadVariableOp", "VarHandleOp", "Const"):
+            continue
+        stack.extend(t for t in op.inputs if t.dtype != tf.resource)
+    return False
+
+
+def _captured(placeholder: tf.Tensor) -> Any:
+    """The tensor of an outer graph that a function graph's `placeholder`
+    captures, or ``None`` where it is an argument of the function."""
+    for outer, inner in getattr(placeholder.graph, "captures", ()):
+        if inner is placeholder:
+            return outer
+    return None
 
 
 def traced_static_rows(loss_fn, variables: Sequence[Any], data: Any) -> set[int]:

@@ -128,6 +128,19 @@ def tensor_split_sizes(batch_size: tf.Tensor, towers: int) -> tf.Tensor:
     return base + extra
 
 
+def even_shard(data: Any, towers: int) -> int | None:
+    """The examples of every tower's shard where the global batch `data`
+    has a static size ``B`` that `towers` divides, ``B >= N``; else ``None``.
+
+    Such shards keep their static batch size ``B / N``: a tower traced on
+    them folds the shapes that it would otherwise compute at run time.
+    """
+    batch = tf.compat.dimension_value(first_leaf(data).shape[0])
+    if batch is None or batch < towers or batch % towers:
+        return None
+    return batch // towers
+
+
 def tower_shards(
     data: Any, batch: tf.Tensor, total: tf.Tensor, towers: int
 ) -> tuple[tf.Tensor, tf.Tensor, list[Any]]:
@@ -141,15 +154,21 @@ def tower_shards(
         towers: ``N``.
 
     Returns:
-        ``(sizes, weights, shards)``: ``n_i`` (int32, ``(N,)``), hidden from
-        shape inference so that a tower's static batch size is unknown
-        whatever the global batch (see `sum_gradients`); ``n_i / B`` in
-        float64, the correctly rounded share in any dtype once cast; and
-        the ``N`` contiguous shards.
+        ``(sizes, weights, shards)``: ``n_i`` (int32, ``(N,)``); ``n_i / B``
+        in float64, the correctly rounded share in any dtype once cast; and
+        the ``N`` contiguous shards. Where the batch splits evenly
+        (`even_shard`), the sizes are constants and the shards keep their
+        static batch size; otherwise the sizes are hidden from shape
+        inference, so that a tower's batch size is unknown whatever the
+        global batch, as it is for the tower traced once for every size.
     """
-    sizes = tf.compat.v1.placeholder_with_default(
-        tensor_split_sizes(batch, towers), [towers]
-    )
+    even = even_shard(data, towers)
+    if even is not None:
+        sizes = tf.constant([even] * towers, tf.int32)
+    else:
+        sizes = tf.compat.v1.placeholder_with_default(
+            tensor_split_sizes(batch, towers), [towers]
+        )
     weights = tf.cast(sizes, tf.float64) / tf.cast(total, tf.float64)
     return sizes, weights, split_nest(data, sizes, towers)
 

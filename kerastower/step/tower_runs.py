@@ -22,17 +22,24 @@ from kerastower import _keras_compat
 from kerastower.reduce import keys, workers
 from kerastower.step import checks, tower_body, traced_towers
 from kerastower.step.plan import TRACED_ONCE, StepPlan
-from kerastower.step.shards import first_leaf, local_results, tower_shards
+from kerastower.step.shards import (
+    even_shard,
+    first_leaf,
+    local_results,
+    tower_shards,
+)
 from kerastower.step.tower_context import TowerFrame
 
 
-def _joined(body, run, combine):
+def _joined(body, run, combine, first_tower=0):
     """A branch that makes the assignments of the towers' ``(result,
-    updates)`` that `run()` returns and `combine`s their results."""
+    updates)`` that `run()` returns, from `first_tower` on, and `combine`s
+    their results."""
 
     def branch():
         per_tower = run()
-        body.apply_updates([updates for _, updates in per_tower])
+        updates = [updates for _, updates in per_tower[first_tower:]]
+        body.apply_updates(updates, first_tower=first_tower)
         return combine([result for result, _ in per_tower])
 
     return branch
@@ -132,6 +139,11 @@ class TowerRuns:
                 )
                 if sums_gradients:
                     body.summed_inside = True
+                # Called on every tower at every step, the tower traced
+                # once takes the shards of a batch that splits evenly as
+                # they are, static.
+                every = calls is None and not _keras_compat.assigns_in_towers()
+                static_shards = every and even_shard(data, model.num_towers) is not None
                 runs = traced_towers.run(
                     model,
                     body,
@@ -142,6 +154,7 @@ class TowerRuns:
                     replicas,
                     calls,
                     sums_gradients,
+                    static_shards,
                 )
                 # Every tower is called at every step on one worker where
                 # towers return what they assign (Keras 3): where layers
@@ -149,8 +162,8 @@ class TowerRuns:
                 # small batch as the first does would assign as it does.
                 # Over several workers, a call's group counts the towers of
                 # every worker that run. A cond calls the others.
-                if calls is None and not _keras_compat.assigns_in_towers():
-                    result = self._every_tower(body, runs, batch)
+                if every:
+                    result = self._every_tower(body, runs, batch, static_shards)
                 else:
                     result = tf.cond(
                         batch >= model.num_towers,
@@ -162,6 +175,10 @@ class TowerRuns:
                 # computation, in which both branches ran the bench convnet's
                 # step 4x slower (55 ms against 14 ms).
                 result = on_towers()
+            elif plan.workers == 1 and even_shard(data, model.num_towers):
+                # Never smaller than the tower count. (Over several workers,
+                # each traces both branches, whose keys every worker counts.)
+                result = on_towers()
             else:
                 result = tf.cond(batch >= model.num_towers, on_towers, on_one_tower)
         _keras_compat.warn_once(
@@ -170,37 +187,39 @@ class TowerRuns:
         )
         return result, total
 
-    def _every_tower(self, body, runs, batch):
+    def _every_tower(self, body, runs, batch, even):
         """`body`'s result from `traced_towers.Runs.on_every_tower`.
 
         The first tower's assignments are made in any case; the other
         towers' results but their gradients, and their assignments, join
         the first's in a `tf.cond` on whether the first ran the batch whole
-        (when it did, they are left out). The gradients and the first
+        (when it did, they are left out), or, where the batch splits
+        `even`ly, never does, without it. The gradients and the first
         tower's assignments stay out of it, where each would be an input
         and an output of both branches: the gradients summed over the
         towers, the first's alone where it ran the batch whole, or,
         `summed_inside`, each tower's.
         """
         towers = self.model.num_towers
-        small = batch < towers
+        small = False if even else batch < towers
         per_tower = runs.on_every_tower(small)
         body.apply_updates([per_tower[0][1]])
         gradients = isinstance(body, tower_body.Gradients)
         combine = body.combine_rest if gradients else body.combine
 
         def joined(count):
-            def branch():
-                body.apply_updates([u for _, u in per_tower[1:count]], first_tower=1)
-                return combine([result for result, _ in per_tower[:count]])
+            return _joined(body, lambda: per_tower[:count], combine, first_tower=1)
 
-            return branch
-
-        rest = tf.cond(small, joined(1), joined(towers))
+        if even:
+            rest = joined(towers)()
+        else:
+            rest = tf.cond(small, joined(1), joined(towers))
         if not gradients:
             return rest
         grads = [result[0] for result, _ in per_tower]
-        return (grads if body.summed_inside else body.summed(grads, small), *rest)
+        if body.summed_inside:
+            return (grads, *rest)
+        return (body.summed(grads, None if even else small), *rest)
 
     def run_copies(self, body, frame, data, batch, total, xla):
         """Splits `data` into shards and runs `body` on every tower, in

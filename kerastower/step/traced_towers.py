@@ -37,9 +37,12 @@ it makes the model's assignments) is now an input:
   every step (`Runs.on_every_tower`), and for a batch smaller than the tower count
   every tower runs the first tower's whole-batch call, its statistics its
   own; the step keeps the first's results alone then
-  (`kerastower.step.tower_runs`). With replicas, each call also sums its
-  dense gradients over every tower (`ring_gradients.sum_in_call`, one
-  collective per bucket), to which those that do not run add nothing. The
+  (`kerastower.step.tower_runs`). A batch of a static size that the towers
+  divide is never that small: the function is traced for its shards'
+  static size (its shapes known, not computed at run time). With
+  replicas, each call also sums its dense gradients over every tower
+  (`ring_gradients.sum_in_call`, one collective per bucket), to which
+  those that do not run add nothing. The
   calls stand outside any `tf.cond`: in one on the batch size, every
   weight the calls read and every gradient they return would go through
   both branches (ResNet50 on 4 towers: 13% of the step's traced ops; on 8
@@ -141,7 +144,8 @@ class Runs(NamedTuple):
             (the cond's other branch).
         on_every_tower: ``on_every_tower(small)``, on one worker of Keras 3:
             calls it on every tower, with the whole batch on the first when
-            `small` (a bool scalar) and on the others too, whose results
+            `small` (a bool scalar, or ``False`` where the batch splits
+            evenly) and on the others too, whose results
             then count for nothing (with replicas, their gradients add
             nothing to the sums inside).
 
@@ -149,9 +153,9 @@ class Runs(NamedTuple):
     body's result and what the tower assigned (`body.traced_updates`).
     """
 
-    on_towers: Callable[[], list]
+    on_towers: Callable[..., list]
     on_one_tower: Callable[[], list]
-    on_every_tower: Callable[[tf.Tensor], list]
+    on_every_tower: Callable[[tf.Tensor | bool], list]
 
 
 def run(
@@ -164,6 +168,7 @@ def run(
     replicas: Replicas | None = None,
     calls: tuple[tf.Tensor, tf.Tensor] | None = None,
     sums_gradients: bool = False,
+    static_shards: bool = False,
 ) -> Runs:
     """Traces `body` once; returns the ways of calling it (`Runs`).
 
@@ -195,6 +200,11 @@ def run(
             (`ring_gradients.sum_in_call`), ordered by its tower's token
             (`Replicas.tokens`), and the step calls it with
             `Runs.on_every_tower`.
+        static_shards: Whether the function is traced for shards of the
+            static batch size of `data`'s even shards
+            (`kerastower.step.shards.even_shard`), which only
+            `Runs.on_towers` and ``on_every_tower(False)`` pass; else for
+            any batch size.
     """
     towers = model.num_towers
     devices = model.tower_devices
@@ -245,7 +255,9 @@ def run(
     )
     int32 = tf.TensorSpec([], tf.int32)
     concrete = function.get_concrete_function(
-        tf.nest.map_structure(_spec, shards[0]),
+        tf.nest.map_structure(
+            tf.type_spec_from_value if static_shards else _spec, shards[0]
+        ),
         tf.TensorSpec([], tf.float64),
         int32,
         tf.TensorSpec([towers], tf.int32),
@@ -304,9 +316,9 @@ def run(
             made.extend(calls)
         return result
 
-    def on_towers():
+    def on_towers(made=None):
         return [
-            call(i, (shards[i], weights[i], i, sizes, *groups[towers], True))
+            call(i, (shards[i], weights[i], i, sizes, *groups[towers], True), made)
             for i in range(towers)
         ]
 
@@ -318,7 +330,8 @@ def run(
         return [call(0, (data, weight, 0, whole(), *groups[1], True))]
 
     def on_every_tower(small):
-        # When `small`, every tower runs the first tower's call of
+        # When `small` (a bool scalar, or False where the batch splits
+        # evenly), every tower runs the first tower's call of
         # `on_one_tower` (the whole batch, tower 0, its statistics its own:
         # in a group of its device alone) and adds nothing but the first.
         # Out of a `tf.cond`, the calls are ordered after the step's writes
@@ -329,7 +342,7 @@ def run(
         before = _keras_compat.resource_barrier(resources)
         made: list = []
         with tf.control_dependencies([before]):
-            out = _every_call(small, made)
+            out = on_towers(made) if small is False else _every_call(small, made)
         with tf.control_dependencies(made):
             _keras_compat.resource_barrier(resources)
         return out

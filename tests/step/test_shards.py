@@ -5,6 +5,7 @@ import pytest
 import tensorflow as tf
 
 from kerastower.step.shards import (
+    even_shard,
     loss_weights,
     split_offsets,
     split_sizes,
@@ -66,3 +67,25 @@ def test_bad_batch_size():
         split_sizes(-1, 2)
     with pytest.raises(ValueError, match=r"Received: batch_size=0"):
         loss_weights(0, 2)
+
+
+@pytest.mark.parametrize(
+    "shape, towers, expected",
+    [
+        ([8, 3], 4, 2),  # a static batch that splits evenly
+        ([8, 3], 1, 8),
+        ([10, 3], 4, None),  # unevenly: shards of 3 and 2
+        ([2, 3], 4, None),  # smaller than the tower count
+        ([None, 3], 4, None),  # unknown
+    ],
+)
+def test_even_shard(shape, towers, expected):
+    found = []
+
+    @tf.function(input_signature=[tf.TensorSpec(shape, tf.float32)])
+    def traced(x):
+        found.append(even_shard((None, x), towers))  # the first leaf's batch
+        return x
+
+    traced.get_concrete_function()
+    assert found == [expected]

@@ -210,3 +210,41 @@ def test_no_conditional_of_a_step_takes_every_weight(replicate_variables):
     traced = tf.function(model.predict_step)
     inputs = _conditional_inputs(traced.get_concrete_function(specs[0]))
     assert max(inputs) < len(model.weights), inputs
+
+
+def _tower_input_shapes(function: tf.types.experimental.ConcreteFunction) -> set:
+    """The batch sizes of the 2-d float inputs of every traced tower that
+    `function` calls."""
+    found = set()
+    for library_function in function.graph.as_graph_def().library.function:
+        if "traced_tower" not in library_function.signature.name:
+            continue
+        for i, arg in enumerate(library_function.signature.input_arg):
+            shapes = library_function.arg_attr[i].attr.get("_output_shapes")
+            if arg.type != tf.float32.as_datatype_enum or shapes is None:
+                continue
+            dims = shapes.list.shape[0].dim
+            if len(dims) == 2:
+                found.add(dims[0].size)
+    return found
+
+
+@pytest.mark.parametrize("replicate_variables", [False, True])
+def test_an_even_static_batch_traces_static_shards(replicate_variables):
+    # A static batch that the towers split evenly is never smaller than the
+    # tower count: the towers trace their shards' static size (no shape is
+    # computed at run time) and no conditional runs the batch whole.
+    model = counting_model(towers=4, replicate_variables=replicate_variables)
+    model.train_on_batch(X, Y)
+    conditionals = {}
+    for batch in (8, None, 10):
+        specs = (tf.TensorSpec([batch, 6]), tf.TensorSpec([batch, 1]))
+        traced = tf.function(lambda x, y: model.train_step((x, y)))
+        function = traced.get_concrete_function(*specs)
+        conditionals[batch] = len(_conditional_inputs(function))
+        shard = 2 if batch == 8 else -1  # -1: unknown
+        assert _tower_input_shapes(function) == {shard}, batch
+    # Gone: the conditional that joins the other towers' results to the
+    # first's, and the 3 that pick the other towers' shards.
+    assert conditionals[None] - conditionals[8] == 4, conditionals
+    assert conditionals[10] == conditionals[None], conditionals

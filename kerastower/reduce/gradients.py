@@ -112,13 +112,25 @@ def _unique_indices(slices: tf.IndexedSlices) -> bool:
 
 # Ops that read a step's data: a `tf.data` iterator's next element.
 _DATA_OPS = ("Iterator", "Optional", "MultiDeviceIterator")
+# Ops whose values are no data: a variable's value, a constant, and a
+# shape (``range(tf.shape(x)[1])`` numbers positions, whatever the batch).
+_NO_DATA_OPS = (
+    "ReadVariableOp",
+    "VarHandleOp",
+    "Const",
+    "Shape",
+    "ShapeN",
+    "Size",
+    "Rank",
+)
 
 
 def _computed_from_data(tensor: Any) -> bool:
-    """Whether a traced tensor is computed from the traced function's data:
-    an input of the function (not a variable's handle or a captured
-    constant) or an iterator's element, followed through captures into the
-    graphs that hold the function. Variables' values count as no data."""
+    """Whether a traced tensor is computed from the values of the traced
+    function's data: an input of the function (not a variable's handle or a
+    captured constant) or an iterator's element, followed through captures
+    into the graphs that hold the function. Variables' values and the
+    data's shapes count as no data."""
     if tf.executing_eagerly() or not hasattr(tensor, "op"):
         return False
     stack, seen = [tensor], set()
@@ -138,7 +150,7 @@ def _computed_from_data(tensor: Any) -> bool:
             if hasattr(outer, "op"):  # not an eager tensor, a constant
                 stack.append(outer)
             continue
-        if op.type in ("ReadVariableOp", "VarHandleOp", "Const"):
+        if op.type in _NO_DATA_OPS:
             continue
         stack.extend(t for t in op.inputs if t.dtype != tf.resource)
     return False

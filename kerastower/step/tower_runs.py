@@ -139,11 +139,10 @@ class TowerRuns:
                 )
                 if sums_gradients:
                     body.summed_inside = True
-                # Called on every tower at every step, the tower traced
-                # once takes the shards of a batch that splits evenly as
-                # they are, static.
-                every = calls is None and not _keras_compat.assigns_in_towers()
-                static_shards = every and even_shard(data, model.num_towers) is not None
+                # A batch that splits evenly is never smaller than the tower
+                # count: every tower runs its shard, traced for its static
+                # size.
+                static_shards = even_shard(data, model.num_towers) is not None
                 runs = traced_towers.run(
                     model,
                     body,
@@ -161,8 +160,10 @@ class TowerRuns:
                 # assign inside a tower (Keras 2), every tower running a
                 # small batch as the first does would assign as it does.
                 # Over several workers, a call's group counts the towers of
-                # every worker that run. A cond calls the others.
-                if every:
+                # every worker that run. A cond calls the others, where the
+                # batch may be small.
+                every = calls is None and not _keras_compat.assigns_in_towers()
+                if every or static_shards:
                     result = self._every_tower(body, runs, batch, static_shards)
                 else:
                     result = tf.cond(

@@ -142,12 +142,12 @@ class Runs(NamedTuple):
             and on Keras 2, in a `tf.cond` on the batch size).
         on_one_tower: Calls it on the first tower with the whole batch
             (the cond's other branch).
-        on_every_tower: ``on_every_tower(small)``, on one worker of Keras 3:
-            calls it on every tower, with the whole batch on the first when
-            `small` (a bool scalar, or ``False`` where the batch splits
-            evenly) and on the others too, whose results
-            then count for nothing (with replicas, their gradients add
-            nothing to the sums inside).
+        on_every_tower: ``on_every_tower(small)``, on one worker of Keras 3
+            (and anywhere, ``on_every_tower(False)``, where the batch splits
+            evenly): calls it on every tower, with the whole batch on the
+            first when `small` (a bool scalar) and on the others too, whose
+            results then count for nothing (with replicas, their gradients
+            add nothing to the sums inside).
 
     Each returns a list (of ``N`` or of one) of ``(result, updates)``: the
     body's result and what the tower assigned (`body.traced_updates`).

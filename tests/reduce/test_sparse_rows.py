@@ -46,10 +46,11 @@ def test_the_examples_ids_are_concatenated(batch):
     "indices_of",
     [
         lambda ids: tf.range(3),
+        lambda ids: tf.range(tf.shape(ids)[1]),  # the positions' idiom
         lambda ids: POSITIONS,
         lambda ids: CHOSEN.read_value(),
     ],
-    ids=["range", "captured constant", "variable"],
+    ids=["range", "range of the length", "captured constant", "variable"],
 )
 def test_a_table_gathered_once_per_batch_is_merged(indices_of, batch):
     assert rows_rule(indices_of, batch)

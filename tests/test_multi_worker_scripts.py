@@ -103,6 +103,11 @@ def one_device(workers, family, initial):
     "workers, towers, family",
     [
         (2, "2", "dense"),
+        # Batches of a static size: 4 examples split evenly on worker 0's 2
+        # towers (every tower called, no conditional), unevenly on worker
+        # 1's 3 (a conditional on the batch size).
+        (2, "2,3", "even"),
+        pytest.param(2, "2,3", "even-replicas", marks=on_replicas),
         (2, "2,3", "from_model"),
         (3, "2,3,1", "subclassed"),
         # Sparse gradients with Adam: token rows that several workers hit,

@@ -199,7 +199,8 @@ class TowerRuns:
         tower's assignments stay out of it, where each would be an input
         and an output of both branches: the gradients summed over the
         towers, the first's alone where it ran the batch whole, or,
-        `summed_inside`, each tower's.
+        `summed_inside` or with replicas over several workers (whose batch
+        then splits evenly), each tower's.
         """
         towers = self.model.num_towers
         small = False if even else batch < towers
@@ -220,6 +221,8 @@ class TowerRuns:
         grads = [result[0] for result, _ in per_tower]
         if body.summed_inside:
             return (grads, *rest)
+        if body.replicas is not None:  # on several workers: as `combine` does
+            return (body.replicas.every_tower(grads), *rest)
         return (body.summed(grads, None if even else small), *rest)
 
     def run_copies(self, body, frame, data, batch, total, xla):

@@ -8,7 +8,8 @@ CPUs that ``kerastower launch --towers`` asks for.
 
 ``python natural.py OUT FAMILY [K [S]]`` trains the model `FAMILY` ("dense",
 "from_model", "subclassed", "own_step", "embedding", "masked", "spectral",
-"contrastive" or "two_outputs") on this worker's
+"contrastive", "two_outputs" or "even", dense layers on batches of a static
+size) on this worker's
 examples, accumulating `K` micro-batches per update when given, `S` steps per
 execution, and writes the initial weights (chief), the final weights, the
 history and the process's thread count after each epoch to ``OUT``.
@@ -43,10 +44,11 @@ BATCH = 4  # per worker; the global batch is the sum over workers
 EPOCHS = 2
 
 
-def worker_data(index: int):
-    """Worker ``i`` holds ``11 - i`` examples: uneven last batches, 3 steps."""
+def worker_data(index: int, even: bool = False):
+    """Worker ``i`` holds ``11 - i`` examples: uneven last batches, 3 steps;
+    or, `even`, 8: 2 full batches, of a static size."""
     rng = np.random.default_rng(100 + index)
-    n = 11 - index
+    n = 8 if even else 11 - index
     x = rng.normal(size=(n, FEATURES)).astype("float32")
     y = (x @ np.arange(1, FEATURES + 1, dtype="float32")[:, None] / 5).astype("float32")
     return x, y
@@ -184,7 +186,7 @@ def family_data(family: str, index: int):
     0), so the workers hold different fractions of valid steps: weighting
     them by their examples would be wrong.
     """
-    x, y = worker_data(index)
+    x, y = worker_data(index, even=family == "even")
     if family == "embedding":
         return tokens(x), y
     if family == "contrastive":

@@ -212,12 +212,21 @@ class Gradients(TowerBody):
         """``(gradients, loss, outputs, per_output, masks)`` of the batch:
         the gradients summed, or with replicas one list per tower."""
         loss, outputs, per_output, masks = self.combine_rest(per_tower)
-        grads = [t[0] for t in per_tower]
-        if self.replicas is None:
-            grads = self.summed(grads)
-        else:  # all-reduced once, after both ways of running the batch
-            grads = self.replicas.every_tower(grads)
+        grads = self.combine_gradients([t[0] for t in per_tower])
         return grads, loss, outputs, per_output, masks
+
+    def combine_gradients(
+        self, per_tower: list, first_alone: tf.Tensor | None = None
+    ) -> list:
+        """The towers' gradients (a list per tower, or one where the first
+        tower ran the batch whole) as the step applies them, once
+        `combine_rest` has run: summed (`summed`), or with replicas one
+        list per tower, all-reduced once after every way of running the
+        batch (`Replicas.every_tower`), summed already where the towers
+        did (`summed_inside`)."""
+        if self.replicas is None:
+            return self.summed(per_tower, first_alone)
+        return self.replicas.every_tower(per_tower)
 
     def summed(self, per_tower: list, first_alone: tf.Tensor | None = None) -> list:
         """The towers' gradients (a list per tower) summed into the

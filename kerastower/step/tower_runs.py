@@ -139,10 +139,6 @@ class TowerRuns:
                 )
                 if sums_gradients:
                     body.summed_inside = True
-                # A batch that splits evenly is never smaller than the tower
-                # count: every tower runs its shard, traced for its static
-                # size.
-                static_shards = even_shard(data, model.num_towers) is not None
                 runs = traced_towers.run(
                     model,
                     body,
@@ -153,7 +149,6 @@ class TowerRuns:
                     replicas,
                     calls,
                     sums_gradients,
-                    static_shards,
                 )
                 # Every tower is called at every step on one worker where
                 # towers return what they assign (Keras 3): where layers
@@ -161,10 +156,10 @@ class TowerRuns:
                 # small batch as the first does would assign as it does.
                 # Over several workers, a call's group counts the towers of
                 # every worker that run. A cond calls the others, where the
-                # batch may be small.
+                # batch may be small: a batch that splits evenly never is.
                 every = calls is None and not _keras_compat.assigns_in_towers()
-                if every or static_shards:
-                    result = self._every_tower(body, runs, batch, static_shards)
+                if every or runs.even:
+                    result = self._every_tower(body, runs, batch)
                 else:
                     result = tf.cond(
                         batch >= model.num_towers,
@@ -188,22 +183,19 @@ class TowerRuns:
         )
         return result, total
 
-    def _every_tower(self, body, runs, batch, even):
+    def _every_tower(self, body, runs, batch):
         """`body`'s result from `traced_towers.Runs.on_every_tower`.
 
         The first tower's assignments are made in any case; the other
         towers' results but their gradients, and their assignments, join
         the first's in a `tf.cond` on whether the first ran the batch whole
-        (when it did, they are left out), or, where the batch splits
-        `even`ly, never does, without it. The gradients and the first
+        (when it did, they are left out), or, where the batch splits evenly
+        (`Runs.even`), never does, without it. The gradients and the first
         tower's assignments stay out of it, where each would be an input
-        and an output of both branches: the gradients summed over the
-        towers, the first's alone where it ran the batch whole, or,
-        `summed_inside` or with replicas over several workers (whose batch
-        then splits evenly), each tower's.
+        and an output of both branches (`Gradients.combine_gradients`).
         """
         towers = self.model.num_towers
-        small = False if even else batch < towers
+        small = False if runs.even else batch < towers
         per_tower = runs.on_every_tower(small)
         body.apply_updates([per_tower[0][1]])
         gradients = isinstance(body, tower_body.Gradients)
@@ -212,18 +204,15 @@ class TowerRuns:
         def joined(count):
             return _joined(body, lambda: per_tower[:count], combine, first_tower=1)
 
-        if even:
+        if runs.even:
             rest = joined(towers)()
         else:
             rest = tf.cond(small, joined(1), joined(towers))
         if not gradients:
             return rest
         grads = [result[0] for result, _ in per_tower]
-        if body.summed_inside:
-            return (grads, *rest)
-        if body.replicas is not None:  # on several workers: as `combine` does
-            return (body.replicas.every_tower(grads), *rest)
-        return (body.summed(grads, None if even else small), *rest)
+        first_alone = None if runs.even else small
+        return (body.combine_gradients(grads, first_alone), *rest)
 
     def run_copies(self, body, frame, data, batch, total, xla):
         """Splits `data` into shards and runs `body` on every tower, in

@@ -148,6 +148,10 @@ class Runs(NamedTuple):
             first when `small` (a bool scalar) and on the others too, whose
             results then count for nothing (with replicas, their gradients
             add nothing to the sums inside).
+        even: Whether the batch splits evenly
+            (`kerastower.step.shards.even_shard`): the function is traced
+            for its shards' static size, which only `on_towers` and
+            ``on_every_tower(False)`` pass.
 
     Each returns a list (of ``N`` or of one) of ``(result, updates)``: the
     body's result and what the tower assigned (`body.traced_updates`).
@@ -156,6 +160,7 @@ class Runs(NamedTuple):
     on_towers: Callable[..., list]
     on_one_tower: Callable[[], list]
     on_every_tower: Callable[[tf.Tensor | bool], list]
+    even: bool
 
 
 def run(
@@ -168,7 +173,6 @@ def run(
     replicas: Replicas | None = None,
     calls: tuple[tf.Tensor, tf.Tensor] | None = None,
     sums_gradients: bool = False,
-    static_shards: bool = False,
 ) -> Runs:
     """Traces `body` once; returns the ways of calling it (`Runs`).
 
@@ -200,15 +204,12 @@ def run(
             (`ring_gradients.sum_in_call`), ordered by its tower's token
             (`Replicas.tokens`), and the step calls it with
             `Runs.on_every_tower`.
-        static_shards: Whether the function is traced for shards of the
-            static batch size of `data`'s even shards
-            (`kerastower.step.shards.even_shard`), which only
-            `Runs.on_towers` and ``on_every_tower(False)`` pass; else for
-            any batch size.
     """
     towers = model.num_towers
     devices = model.tower_devices
     sizes, weights, shards = tower_shards(data, batch, total, towers)
+    # Constant sizes where the batch splits evenly: shards of a static size.
+    even = tf.get_static_value(sizes) is not None
     strategy = model.tower_strategy
     first_key = (
         keys.reserve(keys.STEP_BLOCK)
@@ -255,9 +256,7 @@ def run(
     )
     int32 = tf.TensorSpec([], tf.int32)
     concrete = function.get_concrete_function(
-        tf.nest.map_structure(
-            tf.type_spec_from_value if static_shards else _spec, shards[0]
-        ),
+        tf.nest.map_structure(tf.type_spec_from_value if even else _spec, shards[0]),
         tf.TensorSpec([], tf.float64),
         int32,
         tf.TensorSpec([towers], tf.int32),
@@ -372,4 +371,4 @@ def run(
             out.append(call(i, args, made))
         return out
 
-    return Runs(on_towers, on_one_tower, on_every_tower)
+    return Runs(on_towers, on_one_tower, on_every_tower, even)

@@ -21,7 +21,7 @@ in a traced step, keeping Keras masks with the shards.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import tensorflow as tf
 
@@ -141,10 +141,29 @@ def even_shard(data: Any, towers: int) -> int | None:
     return batch // towers
 
 
-def tower_shards(
-    data: Any, batch: tf.Tensor, total: tf.Tensor, towers: int
-) -> tuple[tf.Tensor, tf.Tensor, list[Any]]:
-    """The towers' sizes, weights and shards of the global batch `data`.
+class Shards(NamedTuple):
+    """The global batch cut for the towers (`tower_shards`).
+
+    Attributes:
+        sizes: ``n_i``, int32 of shape ``(N,)``.
+        weights: ``n_i / B`` in float64, the correctly rounded share in any
+            dtype once cast.
+        shards: The ``N`` contiguous shards, nests like the batch.
+        even: Whether the batch splits evenly (`even_shard`): the sizes are
+            constants and the shards keep their static batch size. Otherwise
+            the sizes are hidden from shape inference, so that a tower's
+            batch size is unknown whatever the global batch, as it is for
+            the tower traced once for every size.
+    """
+
+    sizes: tf.Tensor
+    weights: tf.Tensor
+    shards: list[Any]
+    even: bool
+
+
+def tower_shards(data: Any, batch: tf.Tensor, total: tf.Tensor, towers: int) -> Shards:
+    """Cuts the global batch `data` into the towers' shards (`Shards`).
 
     Args:
         data: The batch, a nest of tensors of ``batch`` rows.
@@ -152,15 +171,6 @@ def tower_shards(
         total: The examples the weights divide by, ``B`` (this worker's
             batch, or every worker's).
         towers: ``N``.
-
-    Returns:
-        ``(sizes, weights, shards)``: ``n_i`` (int32, ``(N,)``); ``n_i / B``
-        in float64, the correctly rounded share in any dtype once cast; and
-        the ``N`` contiguous shards. Where the batch splits evenly
-        (`even_shard`), the sizes are constants and the shards keep their
-        static batch size; otherwise the sizes are hidden from shape
-        inference, so that a tower's batch size is unknown whatever the
-        global batch, as it is for the tower traced once for every size.
     """
     even = even_shard(data, towers)
     if even is not None:
@@ -170,7 +180,7 @@ def tower_shards(
             tensor_split_sizes(batch, towers), [towers]
         )
     weights = tf.cast(sizes, tf.float64) / tf.cast(total, tf.float64)
-    return sizes, weights, split_nest(data, sizes, towers)
+    return Shards(sizes, weights, split_nest(data, sizes, towers), even is not None)
 
 
 def first_leaf(structure: Any) -> tf.Tensor:

@@ -195,7 +195,7 @@ class TowerRuns:
         and an output of both branches (`Gradients.combine_gradients`).
         """
         towers = self.model.num_towers
-        small = False if runs.even else batch < towers
+        small = None if runs.even else batch < towers
         per_tower = runs.on_every_tower(small)
         body.apply_updates([per_tower[0][1]])
         gradients = isinstance(body, tower_body.Gradients)
@@ -204,20 +204,21 @@ class TowerRuns:
         def joined(count):
             return _joined(body, lambda: per_tower[:count], combine, first_tower=1)
 
-        if runs.even:
+        if small is None:
             rest = joined(towers)()
         else:
             rest = tf.cond(small, joined(1), joined(towers))
         if not gradients:
             return rest
         grads = [result[0] for result, _ in per_tower]
-        first_alone = None if runs.even else small
-        return (body.combine_gradients(grads, first_alone), *rest)
+        return (body.combine_gradients(grads, small), *rest)
 
     def run_copies(self, body, frame, data, batch, total, xla):
         """Splits `data` into shards and runs `body` on every tower, in
         `frame` (with `xla`, each tower compiled by XLA)."""
-        sizes, weights, shards = tower_shards(data, batch, total, self.model.num_towers)
+        sizes, weights, shards, _ = tower_shards(
+            data, batch, total, self.model.num_towers
+        )
         strategy = self.model.tower_strategy
         inputs = strategy.experimental_distribute_values_from_function(
             lambda ctx: (

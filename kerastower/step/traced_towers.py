@@ -143,15 +143,15 @@ class Runs(NamedTuple):
         on_one_tower: Calls it on the first tower with the whole batch
             (the cond's other branch).
         on_every_tower: ``on_every_tower(small)``, on one worker of Keras 3
-            (and anywhere, ``on_every_tower(False)``, where the batch splits
+            (and anywhere, ``on_every_tower(None)``, where the batch splits
             evenly): calls it on every tower, with the whole batch on the
             first when `small` (a bool scalar) and on the others too, whose
             results then count for nothing (with replicas, their gradients
-            add nothing to the sums inside).
-        even: Whether the batch splits evenly
-            (`kerastower.step.shards.even_shard`): the function is traced
-            for its shards' static size, which only `on_towers` and
-            ``on_every_tower(False)`` pass.
+            add nothing to the sums inside); with `small` ``None``, each
+            tower on its shard.
+        even: Whether the batch splits evenly (`Shards.even`): the function
+            is traced for its shards' static size, which only `on_towers`
+            and ``on_every_tower(None)`` pass.
 
     Each returns a list (of ``N`` or of one) of ``(result, updates)``: the
     body's result and what the tower assigned (`body.traced_updates`).
@@ -159,7 +159,7 @@ class Runs(NamedTuple):
 
     on_towers: Callable[..., list]
     on_one_tower: Callable[[], list]
-    on_every_tower: Callable[[tf.Tensor | bool], list]
+    on_every_tower: Callable[[tf.Tensor | None], list]
     even: bool
 
 
@@ -207,9 +207,7 @@ def run(
     """
     towers = model.num_towers
     devices = model.tower_devices
-    sizes, weights, shards = tower_shards(data, batch, total, towers)
-    # Constant sizes where the batch splits evenly: shards of a static size.
-    even = tf.get_static_value(sizes) is not None
+    sizes, weights, shards, even = tower_shards(data, batch, total, towers)
     strategy = model.tower_strategy
     first_key = (
         keys.reserve(keys.STEP_BLOCK)
@@ -329,7 +327,7 @@ def run(
         return [call(0, (data, weight, 0, whole(), *groups[1], True))]
 
     def on_every_tower(small):
-        # When `small` (a bool scalar, or False where the batch splits
+        # When `small` (a bool scalar, or None where the batch splits
         # evenly), every tower runs the first tower's call of
         # `on_one_tower` (the whole batch, tower 0, its statistics its own:
         # in a group of its device alone) and adds nothing but the first.
@@ -341,7 +339,7 @@ def run(
         before = _keras_compat.resource_barrier(resources)
         made: list = []
         with tf.control_dependencies([before]):
-            out = on_towers(made) if small is False else _every_call(small, made)
+            out = on_towers(made) if small is None else _every_call(small, made)
         with tf.control_dependencies(made):
             _keras_compat.resource_barrier(resources)
         return out

@@ -226,6 +226,8 @@ def _check_versions(
     """Checks the pair the tests will import; returns the Python version."""
     env = env or _ENV
     out = session.run("python", "-c", _VERSIONS, silent=True, env=env)
+    if out is None:  # `--install-only`: installed, nothing to check or run
+        session.skip("installed only")
     *installed, python = out.split()[-4:]
     distribution = "tf_keras" if env["TF_USE_LEGACY_KERAS"] == "1" else "keras"
     if installed != [distribution, keras, tensorflow]:

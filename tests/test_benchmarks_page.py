@@ -165,16 +165,31 @@ def test_first_step_figures_match_trace_json():
     from bench.trace import LOGICAL_DEVICES
 
     _phrase(
-        f"Measured on the machine above, {trace['meta']['date'].split()[0]}, "
+        f"Measured {_where(machine)}, {trace['meta']['date'].split()[0]}, "
         f"commit `{machine['git_commit'][:7]}`, {LOGICAL_DEVICES} logical CPUs "
         f"on {machine['cpu_count']} cores"
     )
 
 
+def _where(machine):
+    """Where the page says a run was measured: on the machine of
+    ``benchmarks.json`` (the page's "Machine and run"), or on the one named."""
+    if machine["cpu"] == _load("benchmarks.json")["meta"]["machine"]["cpu"]:
+        return "on the machine above"
+    return f"on another machine ({machine['cpu']}, {machine['cpu_count']} cores)"
+
+
+def test_where_names_another_machine():
+    above = _load("benchmarks.json")["meta"]["machine"]
+    assert _where(above) == "on the machine above"
+    other = {"cpu": f"not {above['cpu']}", "cpu_count": 2}
+    assert _where(other) == f"on another machine (not {above['cpu']}, 2 cores)"
+
+
 def test_steady_run_is_dated_as_steady_json():
     meta = _load("steady.json")["meta"]
     _phrase(
-        f"Measured on the machine above, {meta['date'].split()[0]}, commit "
+        f"Measured {_where(meta['machine'])}, {meta['date'].split()[0]}, commit "
         f"`{meta['machine']['git_commit'][:7]}`:"
     )
 

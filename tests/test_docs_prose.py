@@ -24,7 +24,8 @@ Allowed:
   include: ``docs/snippets/`` and ``bench/results/*.md`` are not read;
 - in ``docs/benchmarks.md``, the sentences that date the included
   ``trace.md``, ``steady.md`` and ``traffic.md`` tables ("Measured on the machine above,
-  <date>, commit `<hash>`" and "These numbers were measured on <date>"):
+  <date>, commit `<hash>`", or "on another machine (<cpu>, <n> cores)", and
+  "These numbers were measured on <date>"):
   ``tests/test_benchmarks_page.py`` checks them against the results' JSON.
 """
 
@@ -49,7 +50,8 @@ VERSION_HEADING = re.compile(
 GENERATED = re.compile(r"<!-- ([-\w]+):start -->.*?<!-- \1:end -->", re.S)
 CAPTIONS = {
     "benchmarks.md": re.compile(
-        rf"Measured\s+on\s+the\s+machine\s+above,\s+\d{{4}}-\d{{2}}-\d{{2}},"
+        r"Measured\s+on\s+(?:the\s+machine\s+above|another\s+machine\s+\((?s:.*?)"
+        rf"\s+cores\)),\s+\d{{4}}-\d{{2}}-\d{{2}},"
         rf"\s+commit\s+`{HEX}`"
         r"|These\s+numbers\s+were\s+measured\s+on\s+\d{4}-\d{2}-\d{2}"
     ),
@@ -173,6 +175,8 @@ def test_benchmark_captions_keep_their_date_and_commit():
     text = (
         "Measured on the machine above, 2026-11-27, commit `11817c2`, 4 CPUs.\n"
         "These numbers were measured on\n2026-11-26, after `c84c0c7`.\n"
+        "Measured on\nanother machine (Xeon(R) CPU, 2 cores), 2026-12-01, commit\n"
+        "`cbfef52`:\n"
     )
     assert offences("benchmarks.md", text) == [(3, "commit hash", "c84c0c7")]
 

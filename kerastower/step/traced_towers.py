@@ -62,11 +62,12 @@ writes to what they read and the next writes after them.
 The graph optimiser runs once per device on the same function: the calls
 skip it (`calls_without_graph_optimizer`), or, reading replicas, get one
 round of its passes that speed up kernels (`calls_with_graph_passes`).
-The step around them gets one round of Grappler instead of two
-(`TowerModel` makes Keras's step functions so:
+The step around them gets one round of Grappler instead of two, without
+its function optimiser (`TowerModel` makes Keras's step functions so:
 `kerastower._keras_compat.tensorflow.tower_calls.OptimisedOnce`): the
-second round changed nothing and instantiated the tower function again for
-every call it might inline. Turned off for the step, Grappler would save
+second round changed nothing, and the function optimiser made the tower
+function's body again for every call, to find it not to be inlined.
+Turned off for the step, Grappler would save
 more of the first step, but a fit's steps took up to 17% longer.
 """
 

@@ -115,15 +115,21 @@ def test_a_traced_tower_trains_as_one_device_on_every_batch_shape(batch_size):
 
 class Rounds(keras.layers.Layer):
     """The identity, recording whether the function calls made where it is
-    traced get one round of Grappler (TensorFlow's default: two)."""
+    traced get one round of Grappler (TensorFlow's default: two), and
+    whether without its function optimiser (default: on)."""
 
-    seen: list[bool] = []
+    seen: list[tuple[bool, bool]] = []
 
     def call(self, x):
         options = context.context().function_call_options
         config = tf.compat.v1.ConfigProto.FromString(options.config_proto_serialized)
         rewrite = config.graph_options.rewrite_options
-        Rounds.seen.append(rewrite.meta_optimizer_iterations == rewrite.ONE)
+        Rounds.seen.append(
+            (
+                rewrite.meta_optimizer_iterations == rewrite.ONE,
+                rewrite.function_optimization == rewrite.OFF,
+            )
+        )
         return x
 
 
@@ -150,8 +156,8 @@ def test_step_functions_get_one_round_of_grappler_where_towers_are_traced_once(
     # A step traces inside its function's call, so the options the layer
     # sees are those the step function is called, and instantiated, with.
     # Where it calls its towers traced once, Grappler's second round found
-    # nothing and took seconds; where it runs one tower or the user's own
-    # `train_step`, Keras's default stays.
+    # nothing and took seconds, as did its function optimiser; where it
+    # runs one tower or the user's own `train_step`, Keras's default stays.
     settings = {"towers": 4, **settings}
     keras.utils.set_random_seed(0)
     inputs = keras.Input((6,))
@@ -162,7 +168,7 @@ def test_step_functions_get_one_round_of_grappler_where_towers_are_traced_once(
     RUNS[run](model)
     if cls is OwnStep and run != "train":
         once = True  # its test and predict steps are TowerModel's
-    assert Rounds.seen[-1] is once
+    assert Rounds.seen[-1] == (once, once)
     # The wrapper copies, as Keras's own function does.
     assert callable(copy.copy(getattr(model, f"{run}_function")))
 

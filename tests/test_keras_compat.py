@@ -7,6 +7,7 @@ Each test removes or changes one hook in a monkeypatched Keras and expects
 import warnings
 
 import keras
+import numpy as np
 import pytest
 from oracle import mlp, regression_data
 
@@ -270,33 +271,88 @@ def test_calls_without_graph_optimizer_mark_only_their_calls():
     assert [float(t) for t in step(tf.constant(1.5))] == [3.0, 6.0]
 
 
-def test_calls_with_graph_passes_get_one_round_of_those_passes_only():
+def _dense_relu():
+    """A traced ``relu(x @ w + b)`` with a `tf.cond` in it, `w` and `b`
+    captured variables, and its kernel's two ops."""
     import tensorflow as tf
 
-    call = tf.function(lambda x: x * 2.0).get_concrete_function(
-        tf.TensorSpec([], tf.float32)
-    )
+    w = tf.Variable(tf.reshape(tf.range(12, dtype=tf.float32), [3, 4]) / 10.0)
+    b = tf.Variable([0.5, -3.0, 0.25, -0.5])
 
-    def rewrites(op):
-        config = tf.compat.v1.ConfigProto.FromString(op.get_attr("config_proto"))
-        options = config.graph_options.rewrite_options
-        return list(options.optimizers), options.meta_optimizer_iterations
+    @tf.function(autograph=False, experimental_attributes={"_noinline": True})
+    def dense(x, scale):
+        y = tf.nn.relu(tf.nn.bias_add(tf.matmul(x, w), b))
+        return tf.cond(scale > 0.0, lambda: y * scale, lambda: y), x.shape[0]
+
+    specs = (tf.TensorSpec([2, 3], tf.float32), tf.TensorSpec([], tf.float32))
+    return dense.get_concrete_function(*specs), (w, b)
+
+
+def _ops_of(function_def) -> list[str]:
+    return sorted(node.op for node in function_def.node_def)
+
+
+def test_optimised_once_runs_the_passes_on_the_body_once_and_calls_it_as_it_was():
+    import tensorflow as tf
+
+    dense, _ = _dense_relu()
+    devices = [d.name for d in tf.config.list_logical_devices("CPU")[:2]]
+    passes = _keras_compat.kernel_passes(devices)
+    optimised = _keras_compat.optimised_once(dense, devices[0], passes)
+    x = tf.constant([[1.0, -2.0, 3.0], [0.5, 0.25, -1.0]])
 
     @tf.function
-    def step(x):
-        with _keras_compat.calls_with_graph_passes(("constfold", "remap")):
-            inside = call(x)
-        return inside, call(inside)
+    def step(x, scale):
+        out = []
+        for device in devices:
+            with tf.device(device), _keras_compat.calls_without_graph_optimizer():
+                out.append(optimised(x, scale))
+        return out
 
-    graph = step.get_concrete_function(tf.constant(1.0)).graph
-    calls = [op for op in graph.get_operations() if "PartitionedCall" in op.type]
-    options = tf.compat.v1.ConfigProto().graph_options.rewrite_options
-    one_round, default = options.ONE, options.DEFAULT_NUM_ITERS
-    assert [rewrites(op) for op in calls] == [
-        (["constfold", "remap"], one_round),
-        ([], default),
+    for scale in (2.0, -1.0):
+        expected, rows = dense(x, tf.constant(scale))
+        for got, got_rows in step(x, tf.constant(scale)):
+            # A fused kernel may round its sums of 3 products otherwise.
+            np.testing.assert_allclose(got.numpy(), expected.numpy(), rtol=1e-6)
+            assert got_rows == rows == 2
+    graph = step.get_concrete_function(x, tf.constant(1.0)).graph
+    library = {f.signature.name: f for f in graph.as_graph_def().library.function}
+    calls = [op for op in graph.get_operations() if op.type.endswith("PartitionedCall")]
+    assert [tf.DeviceSpec.from_string(op.device) for op in calls] == [
+        tf.DeviceSpec.from_string(d) for d in devices
     ]
-    assert [float(t) for t in step(tf.constant(1.5))] == [3.0, 6.0]
+    (name,) = {op.get_attr("f").name for op in calls}
+    # One round of the passes ran on the body: oneDNN's fused kernel on
+    # CPUs, where the function had a `MatMul`, a `BiasAdd` and a `Relu`.
+    assert "_FusedMatMul" in _ops_of(library[name])
+    assert "MatMul" in _ops_of(dense.function_def)
+    assert "_FusedMatMul" not in _ops_of(dense.function_def)
+    # The branches it calls came along, renamed with it.
+    branches = [
+        node.attr[branch].func.name
+        for node in library[name].node_def
+        if node.op in ("If", "StatelessIf")
+        for branch in ("then_branch", "else_branch")
+    ]
+    assert branches and all(b in library for b in branches)
+    assert library[name].attr["_noinline"].b
+
+
+def test_optimised_once_reads_the_variables_it_is_given():
+    import tensorflow as tf
+
+    dense, (w, b) = _dense_relu()
+    device = tf.config.list_logical_devices("CPU")[0].name
+    optimised = _keras_compat.optimised_once(
+        dense, device, _keras_compat.kernel_passes([device])
+    )
+    x = tf.ones([2, 3])
+    before, _ = optimised(x, tf.constant(1.0))
+    b.assign_add([1.0, 1.0, 1.0, 1.0])
+    after, _ = optimised(x, tf.constant(1.0))
+    expected = tf.nn.relu(x @ w + b)
+    np.testing.assert_allclose(after.numpy(), expected.numpy(), rtol=1e-6)
+    assert not np.allclose(before.numpy(), after.numpy())
 
 
 def test_a_traced_towers_replica_context_reads_its_tower_and_sums_with_its_function():

@@ -18,7 +18,8 @@ The fence is laid out by backend, one sibling folder each:
   checks).
 - `tensorflow/`: TensorFlow-private step machinery for either family:
   `collectives` (the multi-worker start-up), `tower_calls` (one traced tower
-  function called on every device) and `xla` (XLA per tower).
+  function called on every device), `grappler_once` (its body optimised
+  once for every device) and `xla` (XLA per tower).
 - `jax/`: Keras 3 on JAX, which `kerastower.on_jax` imports itself; on JAX
   neither TensorFlow nor the rest of the fence is loaded.
 - Beside them, for either Keras family on TensorFlow: `errors` (the error

@@ -42,9 +42,11 @@ from kerastower._keras_compat.tensorflow.collectives import (
     strategy_made_after_start,
     strategy_num_workers,
 )
+from kerastower._keras_compat.tensorflow.grappler_once import (
+    optimised_once,
+)
 from kerastower._keras_compat.tensorflow.tower_calls import (
     call_with_captures,
-    calls_with_graph_passes,
     calls_without_graph_optimizer,
     keeps_functions_apart,
     kernel_passes,
@@ -142,7 +144,6 @@ __all__ = [
     "build_metrics",
     "build_optimizer",
     "call_with_captures",
-    "calls_with_graph_passes",
     "calls_without_graph_optimizer",
     "check_execution_steps",
     "check_prepared",
@@ -174,6 +175,7 @@ __all__ = [
     "loss_metric_weight",
     "loss_scaler",
     "metrics_made_in_first_step",
+    "optimised_once",
     "orders_calls_here",
     "override_batch_norm_moments",
     "per_output_loss_metrics",

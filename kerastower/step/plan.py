@@ -35,7 +35,7 @@ class StepPlan:
         towers: `ONE_DEVICE`; `TRACED_ONCE` where the settings allow
             (`kerastower.step.traced_towers.applies`) and the step is
             traced; else `COPIES` (XLA, ``global_batch_loss`` on several
-            workers, Keras 2's random layers, TensorFlow 2.12,
+            workers, Keras 2's random layers, TensorFlow 2.12 to 2.14,
             a step run eagerly).
         replicas: The `kerastower.reduce.replicas.Replicas` the towers read
             and update, or ``None`` for towers reading the model's variables.

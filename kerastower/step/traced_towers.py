@@ -59,16 +59,18 @@ taken out of that order (`kerastower._keras_compat.run_independently`);
 outside a `tf.cond`, which orders them as a whole, two barriers
 (`kerastower._keras_compat.resource_barrier`) run them after the step's
 writes to what they read and the next writes after them.
-The graph optimiser runs once per device on the same function: the calls
-skip it (`calls_without_graph_optimizer`), or, reading replicas, get one
-round of its passes that speed up kernels (`calls_with_graph_passes`).
-The step around them gets one round of Grappler instead of two, without
-its function optimiser (`TowerModel` makes Keras's step functions so:
+The graph optimiser would run once per device on the same function: the
+function's body gets one round of its passes that speed up kernels
+(`kernel_passes`) once, for a device of the towers' type
+(`kerastower._keras_compat.optimised_once`), and the calls skip it
+(`calls_without_graph_optimizer`). The step around them gets one round of
+Grappler instead of two, without its function optimiser (`TowerModel`
+makes Keras's step functions so:
 `kerastower._keras_compat.tensorflow.tower_calls.OptimisedOnce`): the
 second round changed nothing, and the function optimiser made the tower
 function's body again for every call, to find it not to be inlined.
-Turned off for the step, Grappler would save
-more of the first step, but a fit's steps took up to 17% longer.
+Turned off for the step, Grappler would save more of the first step, but
+a fit's steps took up to 17% longer.
 """
 
 from __future__ import annotations
@@ -95,8 +97,9 @@ def applies(model, workers: int = 1) -> bool:
     (up to `kerastower.reduce.keys.MAX_TRACED_WORKERS`) without
     ``global_batch_loss``, whose gathers would need a group per
     batch size and set of workers; the other settings trace one copy per
-    tower, as does TensorFlow 2.12, whose functions cannot be kept from
-    inlining.
+    tower, as do TensorFlow 2.12, whose functions cannot be kept from
+    inlining, and 2.13 and 2.14, whose functions cannot be optimised once
+    (`kerastower._keras_compat.keeps_functions_apart`).
     """
     return (
         _keras_compat.keeps_functions_apart()
@@ -281,28 +284,21 @@ def run(
     # alone.
     groups = {members: group_of(devices[:members]) for members in (towers, 1)}
 
-    # Grappler optimises each call's instantiation, once per device. Towers
-    # reading the model's variables skip it: on ResNet50 it cost 0.4 s of
-    # the first step per call, for steady steps within the noise. Towers
-    # reading their replicas get one round of its passes that speed up
-    # kernels (all of them, twice, cost 1.4 times as long, for steady
-    # steps as long): their first step waits on the replicas' updates, and
-    # Grappler took 15-20% off their steady step (the Transformer of
-    # bench.trace).
-    passes = _keras_compat.kernel_passes(devices) if replicated else ()
-
-    def graph_passes():
-        if not passes:
-            return _keras_compat.calls_without_graph_optimizer()
-        return _keras_compat.calls_with_graph_passes(passes)
+    # Grappler would optimise each call's instantiation, once per device
+    # (0.7 s a call on the Transformer of bench.trace). The function gets
+    # one round of its passes that speed up kernels, once, and its calls
+    # none.
+    optimised = _keras_compat.optimised_once(
+        concrete, devices[0], _keras_compat.kernel_passes(devices)
+    )
 
     def call(tower, args, made=None):
         # Grappler specialises a function for each call whose inputs are
         # constants, and optimises each specialisation: unseen, they are not.
         args = tf.nest.map_structure(_unseen, args)
         handles = [v.handle for v in replicated[tower]] if replicated else []
-        with tf.device(devices[tower]), graph_passes():
-            result = concrete(*args, handles, tokens[tower : tower + 1])
+        with tf.device(devices[tower]), _keras_compat.calls_without_graph_optimizer():
+            result = optimised(*args, handles, tokens[tower : tower + 1])
         calls = {
             leaf.op
             for leaf in tf.nest.flatten(result, expand_composites=True)

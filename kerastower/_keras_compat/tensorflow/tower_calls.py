@@ -11,9 +11,9 @@ TensorFlow that it has no public API for (see `bench/trace_once.py`):
   would wait forever for towers that cannot start.
 - `calls_without_graph_optimizer`: each call is instantiated on its device,
   and Grappler optimises the function once per instantiation: on ResNet50
-  with 4 towers, most of the first step's time. `calls_with_graph_passes`
-  gives the calls one round of the passes that speed up kernels
-  (`kernel_passes`) instead. The step that holds the calls gets one round
+  with 4 towers, most of the first step's time. The function's body gets
+  one round of the passes that speed up kernels (`kernel_passes`) once
+  instead (`grappler_once`). The step that holds the calls gets one round
   of Grappler, not two, and no function optimiser (`OptimisedOnce`).
 
 Each hook is checked when used: a TensorFlow change raises an error naming
@@ -31,6 +31,7 @@ import tensorflow as tf
 
 from kerastower._keras_compat.errors import _attribute as _keras_attribute
 from kerastower._keras_compat.errors import _fail_tensorflow as _fail
+from kerastower._keras_compat.tensorflow import grappler_once
 
 
 def _attribute(obj, name: str, owner: str):
@@ -142,23 +143,6 @@ def kernel_passes(devices: Sequence[str]) -> tuple[str, ...]:
     return ("pruning", "constfold", "arithmetic", *layout, "remap", "dependency")
 
 
-def calls_with_graph_passes(passes: Sequence[str]):
-    """Function calls traced while open get one round of Grappler's `passes`
-    when instantiated, and no other pass.
-
-    The calls' ``config_proto`` is the current one with the meta optimizer's
-    pass list set (``RewriterConfig.optimizers``, which replaces its default
-    passes and order); the function that traces them is optimised as before.
-    """
-
-    def edit(options):
-        options.meta_optimizer_iterations = options.ONE
-        del options.optimizers[:]
-        options.optimizers.extend(passes)
-
-    return _call_options(edit)
-
-
 class OptimisedOnce:
     """Calls `function` (a Keras step function) with one round of Grappler,
     without its function optimiser.
@@ -168,12 +152,13 @@ class OptimisedOnce:
     instantiates the tower function again for every call that it might
     inline (on DenseNet121 with 4 towers, the first step took 24.6 s with
     two rounds, 20.5 s with one, and a fit's steps as long). In the one
-    round it still does, only to find every call marked ``_noinline``, and
-    specialises none (its log): on DenseNet121, 1.16 s of Grappler's 2.3 s
-    with 4 towers, 1.86 s with 8. TensorFlow's runtime has inlined every
-    other call and lowered the control flow before Grappler runs. Grappler
-    stays on: turned off, the steps of a fit took up to 17% longer (the
-    Transformer of `bench.trace`). Other attributes are `function`'s.
+    round left, its function optimiser still made every call's body, only
+    to find it marked ``_noinline``, and specialised none (its log): on
+    DenseNet121, 1.16 s of Grappler's 2.3 s with 4 towers, 1.86 s with 8;
+    it is off. TensorFlow's runtime has inlined every other call and
+    lowered the control flow before Grappler runs. Grappler stays on:
+    turned off, the steps of a fit took up to 17% longer (the Transformer
+    of `bench.trace`). Other attributes are `function`'s.
     """
 
     def __init__(self, function: Callable):
@@ -241,14 +226,16 @@ def _accepts_noinline() -> bool:
     return True
 
 
-# TensorFlow 2.12 refuses ``_noinline`` on a `tf.function`: there the towers
+# TensorFlow 2.12 refuses ``_noinline`` on a `tf.function`, and 2.13 and 2.14
+# have other `AtomicFunction`s than `grappler_once` calls: there the towers
 # are traced one by one (`kerastower.step.traced_towers.applies`).
-NOINLINE_FUNCTIONS = _accepts_noinline()
+NOINLINE_FUNCTIONS = _accepts_noinline() and grappler_once.available()
 
 
 def keeps_functions_apart() -> bool:
-    """Whether a `tf.function` can be kept from inlining (``_noinline``), so
-    that towers can call one traced function: not on TensorFlow 2.12."""
+    """Whether a `tf.function` can be kept from inlining (``_noinline``) and
+    optimised once (`grappler_once`), so that towers can call one traced
+    function: from TensorFlow 2.15."""
     return NOINLINE_FUNCTIONS
 
 

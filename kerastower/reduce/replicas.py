@@ -60,6 +60,7 @@ all-reduced sum (`Replicas.reduce`).
 from __future__ import annotations
 
 import contextlib
+import itertools
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -151,7 +152,7 @@ class Replicas:
                         )
                 self._updates = CloneUpdates(optimizer, self._clones, self._copies)
             self._key = key
-            self.sync()
+            self.sync(weights=made)  # new replicas are the weights' copies
         return True
 
     def _make_copies(self, variables: Sequence[keras.Variable]) -> None:
@@ -163,13 +164,15 @@ class Replicas:
                 # does); without it, automatic control dependencies chain
                 # the towers' collectives, which then wait for each other.
                 self._tokens.append(tf.Variable(0.0, trainable=False))
-        for device in self.devices[1:]:
-            with tf.device(device):
-                copies = [_copy_of(v) for v in variables]
-                for v, copy in zip(variables, copies):
-                    # The clone applies it after each update, as Keras does.
-                    copy.constraint = v.constraint
-            self._copies.append(copies)
+        self._copies = [[] for _ in self.devices[1:]]
+        # Entering a variable's name scope costs as much as making it: once
+        # for every variable of a layer and every tower.
+        for parent, group in itertools.groupby(variables, _parent_path):
+            group = list(group)
+            with _name_scopes(parent):
+                for device, copies in zip(self.devices[1:], self._copies):
+                    with tf.device(device):
+                        copies.extend(_copy_of(v) for v in group)
 
     @property
     def tokens(self) -> list[tf.Variable]:
@@ -206,8 +209,9 @@ class Replicas:
             )
         return self._primaries if tower == 0 else self._copies[tower - 1]
 
-    def sync(self) -> None:
-        """Copies the model's variables and optimizer state to every replica.
+    def sync(self, weights: bool = True) -> None:
+        """Copies the model's variables (unless not `weights`) and optimizer
+        state to every replica.
 
         Runs eagerly. The optimizer must hold the same variables, in the same
         order and shapes, as each clone (it does when built on the model's
@@ -219,7 +223,7 @@ class Replicas:
         if not self.built:
             return
         with tf.init_scope():
-            for copies in self._copies:
+            for copies in self._copies if weights else ():
                 for primary, copy in zip(self._primaries, copies):
                     copy.assign(primary.value)
             if self._optimizer is None:
@@ -388,13 +392,30 @@ def _shaped_like(gradient: Any, variable: Any) -> Any:
     return tf.reshape(gradient, variable.shape)
 
 
-def _copy_of(variable: keras.Variable) -> keras.Variable:
-    """A new variable of `variable`'s value, name and path: an optimizer that
-    picks by path (`keras.optimizers.MultiOptimizer`'s `OptimizerMap`,
-    `exclude_from_weight_decay`) treats the copy as the variable."""
+def _parent_path(variable: keras.Variable) -> str:
+    """The path of the layer that holds `variable` (``""`` for none)."""
+    return variable.path.rpartition("/")[0]
+
+
+@contextlib.contextmanager
+def _name_scopes(path: str):
+    """Keras name scopes in which a variable's path is ``path/<name>``."""
     with contextlib.ExitStack() as scopes:
-        for part in variable.path.split("/")[:-1]:  # one scope per level
+        for part in path.split("/") if path else ():  # one scope per level
             scopes.enter_context(keras.name_scope(part))
-        return keras.Variable(
-            tf.identity(variable.value), dtype=variable.dtype, name=variable.name
-        )
+        yield
+
+
+def _copy_of(variable: keras.Variable) -> keras.Variable:
+    """A new variable of `variable`'s value and name, with its constraint.
+
+    Made in the name scopes of `variable`'s parent path (`_name_scopes`),
+    it has `variable`'s path: an optimizer that picks by path
+    (`keras.optimizers.MultiOptimizer`'s `OptimizerMap`,
+    `exclude_from_weight_decay`) treats the copy as the variable.
+    """
+    copy = keras.Variable(
+        tf.identity(variable.value), dtype=variable.dtype, name=variable.name
+    )
+    copy.constraint = variable.constraint  # the clone applies it, as Keras does
+    return copy

@@ -241,3 +241,36 @@ def test_a_model_without_trainable_weights_trains_as_one_device():
     ha, hb = fit_pair(plain, towered, x, y, batch_size=4)
     assert_same_history(ha, hb)
     assert int(towered.optimizer.iterations) == int(plain.optimizer.iterations)
+
+
+def test_replicas_keep_their_variables_paths_order_values_and_constraints():
+    inner = keras.Sequential(
+        [
+            keras.Input((3,)),
+            keras.layers.Dense(
+                4, kernel_constraint=keras.constraints.NonNeg(), name="hidden"
+            ),
+            keras.layers.Dense(2, use_bias=False, name="narrow"),
+        ],
+        name="inner",
+    )
+    outer = keras.Sequential(
+        [keras.Input((3,)), inner, keras.layers.Dense(1, name="out")], name="outer"
+    )
+    variables = outer.trainable_variables
+    devices = ["/device:CPU:0", "/device:CPU:1", "/device:CPU:2"]
+    replicas = Replicas(devices)
+    assert replicas.ensure(variables)
+    for tower, device in enumerate(devices[1:], start=1):
+        copies = replicas.replica_variables(tower)
+        assert [c.path for c in copies] == [v.path for v in variables]
+        assert [c.path for c in copies][:3] == [
+            "inner/hidden/kernel",
+            "inner/hidden/bias",
+            "inner/narrow/kernel",
+        ]
+        assert [c.constraint for c in copies] == [v.constraint for v in variables]
+        for copy, variable in zip(copies, variables):
+            assert copy is not variable
+            assert copy.value.device.endswith(device[len("/device:") :])
+            np.testing.assert_array_equal(copy.numpy(), variable.numpy())

@@ -183,18 +183,15 @@ def optimised_once(
     if main is None:
         raise _fail("tf_optimizer.OptimizeGraph", "dropped the function it optimised")
     originals = {child.name.decode(): child for child in atomic.children}
-    made = {}
     for function_def in library:
-        old = function_def.signature.name
         _renamed(function_def, names)
         _attribute(ctx, "add_function_def", "Context")(function_def)
-        made[old] = function_def.signature.name
     new_atomic = _attribute(atomic_function, "AtomicFunction", "atomic_function")
     children = [
         # A child is only named (its calls are the parent's, in its body);
         # Grappler's specialised branches take their caller's type.
         new_atomic(name, ctx, originals.get(old, atomic).function_type)
-        for old, name in made.items()
+        for old, name in names.items()
         if name != main
     ]
     return OptimisedFunction(

@@ -10,6 +10,7 @@ from kerastower.step.shards import (
     split_offsets,
     split_sizes,
     tensor_split_sizes,
+    tower_shards,
 )
 
 
@@ -89,3 +90,46 @@ def test_even_shard(shape, towers, expected):
 
     traced.get_concrete_function()
     assert found == [expected]
+
+
+@pytest.mark.parametrize(
+    "shape, towers, sizes, even, static",
+    [
+        ([8, 3], 4, [2, 2, 2, 2], True, 2),  # constant sizes, static shards
+        ([10, 3], 4, [3, 3, 2, 2], False, None),  # hidden from shape inference
+        ([None, 3], 4, [3, 3, 2, 2], False, None),
+        ([3, 3], 4, [1, 1, 1, 0], False, None),  # smaller than the tower count
+    ],
+)
+def test_tower_shards(shape, towers, sizes, even, static):
+    batch = sum(sizes)
+    data = {"x": np.arange(batch * 3, dtype="float32").reshape(batch, 3)}
+    data["y"] = np.arange(batch, dtype="int64")
+    found = []
+
+    @tf.function(
+        input_signature=[
+            {
+                "x": tf.TensorSpec(shape, tf.float32),
+                "y": tf.TensorSpec(shape[:1], tf.int64),
+            }
+        ]
+    )
+    def traced(data):
+        rows = tf.shape(data["y"])[0]
+        shards = tower_shards(data, rows, rows, towers)
+        found.append((shards.even, [s["x"].shape[0] for s in shards.shards]))
+        return shards.sizes, shards.weights, [s["y"] for s in shards.shards]
+
+    got_sizes, weights, ys = traced(data)
+    assert found == [(even, [static] * towers)]
+    assert got_sizes.numpy().tolist() == sizes
+    assert weights.dtype == tf.float64
+    # TensorFlow's float64 division may be an ulp off (3 / 10 gave
+    # 0.30000000000000004); cast to float32, it is the rounded share.
+    np.testing.assert_allclose(weights.numpy(), np.array(sizes) / batch, rtol=1e-15)
+    np.testing.assert_array_equal(
+        weights.numpy().astype("float32"), (np.array(sizes) / batch).astype("float32")
+    )
+    np.testing.assert_array_equal(np.concatenate([y.numpy() for y in ys]), data["y"])
+    assert [len(y) for y in ys] == sizes

@@ -152,12 +152,12 @@ class Replicas:
                         )
                 self._updates = CloneUpdates(optimizer, self._clones, self._copies)
             self._key = key
-            self.sync(weights=made)  # new replicas are the weights' copies
+            self.sync(weights=made)  # replicas made just now hold the weights
         return True
 
     def _make_copies(self, variables: Sequence[keras.Variable]) -> None:
         self._primaries = list(variables)
-        self._copies, self._tokens = [], []
+        self._tokens = []
         for device in self.devices:
             with tf.device(device):
                 # Orders this tower's collectives (as `MirroredStrategy`

@@ -152,7 +152,10 @@ class Replicas:
                         )
                 self._updates = CloneUpdates(optimizer, self._clones, self._copies)
             self._key = key
-            self.sync(weights=made)  # replicas made just now hold the weights
+            if made:
+                self.sync()
+            else:  # replicas made just now hold the weights already
+                self._copy_optimizer_state()
         return True
 
     def _make_copies(self, variables: Sequence[keras.Variable]) -> None:
@@ -194,8 +197,10 @@ class Replicas:
     def copy_weights(self, variables: Sequence[keras.Variable]) -> None:
         """Copies the model's weights, not its optimizer's state, to every
         replica, if the replicas are of `variables` (see `matches`)."""
-        if not self.matches(variables):
-            return
+        if self.matches(variables):
+            self._copy_weights()
+
+    def _copy_weights(self) -> None:
         with tf.init_scope():
             for copies in self._copies:
                 for primary, copy in zip(self._primaries, copies):
@@ -209,9 +214,8 @@ class Replicas:
             )
         return self._primaries if tower == 0 else self._copies[tower - 1]
 
-    def sync(self, weights: bool = True) -> None:
-        """Copies the model's variables (unless not `weights`) and optimizer
-        state to every replica.
+    def sync(self) -> None:
+        """Copies the model's variables and optimizer state to every replica.
 
         Runs eagerly. The optimizer must hold the same variables, in the same
         order and shapes, as each clone (it does when built on the model's
@@ -222,12 +226,13 @@ class Replicas:
         """
         if not self.built:
             return
+        self._copy_weights()
+        self._copy_optimizer_state()
+
+    def _copy_optimizer_state(self) -> None:
+        if self._optimizer is None:
+            return
         with tf.init_scope():
-            for copies in self._copies if weights else ():
-                for primary, copy in zip(self._primaries, copies):
-                    copy.assign(primary.value)
-            if self._optimizer is None:
-                return
             primary_state = list(self._optimizer.variables)
             for clone in self._clones:
                 state = list(clone.variables)

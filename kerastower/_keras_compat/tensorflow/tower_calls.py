@@ -68,10 +68,7 @@ def resource_barrier(resources: Sequence[tf.Tensor]) -> tf.Operation:
     """
     # Called flat: checking a thousand handles against the signature took
     # 0.2 s a call.
-    (done,) = tf.nest.flatten(
-        call_with_captures(_barrier(len(resources)), list(resources), {})
-    )
-    return done.op
+    return call_with_captures(_barrier(len(resources)), list(resources), {}).op
 
 
 @functools.lru_cache(maxsize=32)
@@ -259,7 +256,7 @@ def call_with_captures(function: Any, inputs: list, replace: dict[int, Any]) -> 
             instead; the other captures are passed as they are.
 
     Returns:
-        What the call returns, flat.
+        What the call returns, structured as `function`'s outputs.
     """
     captured = list(function.captured_inputs)
     expected = len(function.inputs) - len(captured)

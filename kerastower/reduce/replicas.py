@@ -38,6 +38,8 @@ tower's device and sends its gradients back there, so that device moves about
    scale) from the model's optimizer, so each replica takes the very update
    the primary takes: ``w_i <- update(w_i, g, state_i) == update(w, g,
    state)`` whenever ``w_i == w`` and ``state_i == state`` before the step.
+   The model's optimizer's update is traced once and every tower runs it on
+   its own variables (`kerastower.reduce.tower_updates`).
    Under `kerastower.callbacks.GradientAccumulation` each tower adds its sum
    to a window of its own instead, on its device, and applies it when the
    model's window is applied (`GradientWindow.attach`).
@@ -69,8 +71,8 @@ import tensorflow as tf
 from kerastower import _keras_compat
 from kerastower._keras_compat.family import keras
 from kerastower.reduce import ring_gradients
-from kerastower.reduce.clone_updates import CloneUpdates
 from kerastower.reduce.ring import AllReduceOptions, Ring
+from kerastower.reduce.tower_updates import TowerUpdates
 
 
 class Replicas:
@@ -114,7 +116,7 @@ class Replicas:
         self._optimizer: Any = None
         self._copies: list[list[keras.Variable]] = []
         self._clones: list[Any] = []
-        self._updates: CloneUpdates | None = None
+        self._updates: TowerUpdates | None = None
         self._tokens: list[tf.Variable] = []
 
     def ensure(
@@ -150,7 +152,9 @@ class Replicas:
                         self._clones.append(
                             _keras_compat.clone_optimizer(optimizer, variables, copies)
                         )
-                self._updates = CloneUpdates(optimizer, self._clones, self._copies)
+                self._updates = TowerUpdates(
+                    optimizer, self._primaries, self._clones, self._copies
+                )
             self._key = key
             if made:
                 self.sync()
@@ -378,16 +382,30 @@ class Replicas:
         return per_tower
 
     def apply(self, tower: int, gradients: Sequence[Any], indices: Sequence[int]):
-        """Applies `gradients` to tower `tower`'s replicas at `indices`.
+        """Applies `gradients` to tower `tower`'s variables at `indices`.
 
-        Its optimizer clone first copies the model's optimizer's scalar state
-        (``iterations``, the learning rate, a loss scale): apply before the
-        model's optimizer applies the same gradients.
+        Tower 0 applies them with the model's optimizer, tower ``i >= 1``
+        with its clone, which first copies the model's optimizer's scalar
+        state (``iterations``, the learning rate, a loss scale): apply every
+        other tower before tower 0. Each tower's update is the model's
+        optimizer's, traced once (`kerastower.reduce.tower_updates`).
         """
         if not indices:  # no variable is connected to the loss
             return
+        if tower == 0:  # where the model's variables are
+            self._updates.apply(tower, gradients, indices)
+            return
         with tf.device(self.devices[tower]):
             self._updates.apply(tower, gradients, indices)
+
+    def apply_first(self, gradients: Sequence[Any]) -> None:
+        """Applies tower 0's `gradients`, one per replicated variable
+        (``None`` for one the loss does not reach), with the model's
+        optimizer, after `update` applied the other towers'."""
+        if any(g is None for g in gradients):  # Keras warns of them
+            self._optimizer.apply_gradients(zip(gradients, self._primaries))
+            return
+        self.apply(0, gradients, range(len(gradients)))
 
 
 def _shaped_like(gradient: Any, variable: Any) -> Any:

@@ -157,6 +157,8 @@ class TowerStep:
                 accumulator.accumulate(
                     gradients, global_batch_size, model.optimizer, static_rows
                 )
+            elif plan.replicas is not None:  # the update the replicas traced
+                plan.replicas.apply_first(gradients)
             else:
                 model.optimizer.apply_gradients(zip(gradients, trainable))
 

@@ -1,4 +1,4 @@
-"""The replicas' optimizer updates: traced once, applied on every tower."""
+"""Every tower's optimizer update: traced once, applied on every tower."""
 
 import keras
 import numpy as np
@@ -7,19 +7,19 @@ import tensorflow as tf
 from oracle import assert_same_weights, mlp, regression_data, twin
 
 from kerastower import _keras_compat
-from kerastower.reduce import clone_updates
 
 
-def clones_traced(monkeypatch):
-    """The optimizer clones whose update a step traces, in order."""
+def optimizers_traced(monkeypatch):
+    """The optimizers whose update a step traces, in order: the model's and
+    its clones."""
     traced = []
-    original = clone_updates.sync_and_apply
+    original = keras.optimizers.Optimizer.apply_gradients
 
-    def recorded(primary, clone, gradients, variables):
-        traced.append(clone)
-        return original(primary, clone, gradients, variables)
+    def recorded(self, grads_and_vars, *args, **kwargs):
+        traced.append(self)
+        return original(self, grads_and_vars, *args, **kwargs)
 
-    monkeypatch.setattr(clone_updates, "sync_and_apply", recorded)
+    monkeypatch.setattr(keras.optimizers.Optimizer, "apply_gradients", recorded)
     return traced
 
 
@@ -54,12 +54,13 @@ def assert_every_tower_in_sync(model):
     ],
     ids=["adam", "nesterov"],
 )
-def test_tower_ones_update_serves_every_tower(optimizer, monkeypatch, float64):
-    traced = clones_traced(monkeypatch)
+def test_the_models_update_serves_every_tower(optimizer, monkeypatch, float64):
+    traced = optimizers_traced(monkeypatch)
     plain, towered = fit_twin(optimizer)
-    replicas = towered._tower_step.replicas
-    # Every trace of the step traced tower 1's update, and no other tower's.
-    assert traced and all(clone is replicas._clones[0] for clone in traced)
+    # Every trace of the step traced the model's optimizer's update, once,
+    # and no clone's.
+    ours = [o for o in traced if o is not plain.optimizer]
+    assert ours == [towered.optimizer]
     assert_same_weights(plain, towered)
     assert_every_tower_in_sync(towered)
 
@@ -75,21 +76,22 @@ class ScaledRate(keras.optimizers.schedules.LearningRateSchedule):
 
 
 def test_an_update_reading_other_variables_is_traced_per_tower(monkeypatch, float64):
-    traced = clones_traced(monkeypatch)
+    traced = optimizers_traced(monkeypatch)
     plain, towered = fit_twin(lambda: keras.optimizers.SGD(ScaledRate()))
     clones = towered._tower_step.replicas._clones
-    # The schedule's variable is captured: tower 1's function would read it
-    # for every tower, correctly, but a captured variable that is not known
-    # could be one that the update writes.
-    assert {id(clone) for clone in traced} == {id(clone) for clone in clones}
+    # The schedule's variable is captured: the model's function would read
+    # it for every tower, correctly, but a captured variable that is not
+    # known could be one that the update writes.
+    ours = {id(o) for o in traced if o is not plain.optimizer}
+    assert ours == {id(o) for o in [towered.optimizer, *clones]}
     assert_same_weights(plain, towered)
     assert_every_tower_in_sync(towered)
 
 
-def test_two_towers_trace_their_one_clone_as_before(monkeypatch, float64):
-    traced = clones_traced(monkeypatch)
+def test_two_towers_share_the_models_update(monkeypatch, float64):
+    traced = optimizers_traced(monkeypatch)
     plain, towered = fit_twin(lambda: keras.optimizers.Adam(0.01), towers=2)
-    assert traced and all(c is towered._tower_step.replicas._clones[0] for c in traced)
+    assert [o for o in traced if o is not plain.optimizer] == [towered.optimizer]
     assert_same_weights(plain, towered)
     assert_every_tower_in_sync(towered)
 

@@ -322,7 +322,11 @@ class GradientWindow:
                 gradients = window.gradients(indices, self.examples)
             self.replicas.apply(tower, gradients, indices)
         gradients = self.window.gradients(indices, self.examples)
-        optimizer.apply_gradients(zip(gradients, [self.variables[j] for j in indices]))
+        if self.replicas is None:
+            variables = [self.variables[j] for j in indices]
+            optimizer.apply_gradients(zip(gradients, variables))
+        else:  # the model's update that the replicas' towers called
+            self.replicas.apply(0, gradients, indices)
         self.reset()
         return tf.constant(True)
 

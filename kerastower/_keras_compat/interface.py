@@ -44,6 +44,7 @@ from kerastower._keras_compat.tensorflow.collectives import (
 )
 from kerastower._keras_compat.tensorflow.grappler_once import (
     optimised_once,
+    unseen,
 )
 from kerastower._keras_compat.tensorflow.tower_calls import (
     call_with_captures,
@@ -200,6 +201,7 @@ __all__ = [
     "track_compiled_loss",
     "track_step_loss",
     "unfused_batch_norm",
+    "unseen",
     "warn_once",
     "warnings_shown_at_build",
     "weigh_scalar_means",

@@ -153,7 +153,7 @@ class Replicas:
                             _keras_compat.clone_optimizer(optimizer, variables, copies)
                         )
                 self._updates = TowerUpdates(
-                    optimizer, self._primaries, self._clones, self._copies
+                    optimizer, self._primaries, self._clones, self._copies, self.devices
                 )
             self._key = key
             if made:

@@ -21,6 +21,7 @@ from typing import Any
 
 import tensorflow as tf
 
+from kerastower import _keras_compat
 from kerastower.reduce.gradients import has_static_rows, merge_rows, rows_if
 from kerastower.reduce.ring import (
     AllReduceOptions,
@@ -50,11 +51,10 @@ def _zeros_when_run(like: tf.Tensor) -> tf.Tensor:
     Grappler folds ``tf.zeros_like`` of a static shape into a constant,
     which every instantiation of the function holds for its life, filled
     when it first runs, whether or not its branch ever does: ResNet50's
-    gradient buckets held 94 MB of zeros per tower. Its shape read through
-    ``placeholder_with_default`` is a value that Grappler cannot fold.
+    gradient buckets held 94 MB of zeros per tower. Filled to a shape that
+    Grappler cannot see, they are not folded.
     """
-    shape = tf.compat.v1.placeholder_with_default(tf.shape(like), [like.shape.rank])
-    zeros = tf.fill(shape, tf.zeros([], like.dtype))
+    zeros = tf.fill(_keras_compat.unseen(tf.shape(like)), tf.zeros([], like.dtype))
     zeros.set_shape(like.shape)
     return zeros
 

@@ -176,9 +176,9 @@ def tower_shards(data: Any, batch: tf.Tensor, total: tf.Tensor, towers: int) -> 
     if even is not None:
         sizes = tf.constant([even] * towers, tf.int32)
     else:
-        sizes = tf.compat.v1.placeholder_with_default(
-            tensor_split_sizes(batch, towers), [towers]
-        )
+        # Sizes that tracing cannot infer: a statically empty shard makes
+        # Keras return an unreduced loss of shape (0,).
+        sizes = _keras_compat.unseen(tensor_split_sizes(batch, towers))
     weights = tf.cast(sizes, tf.float64) / tf.cast(total, tf.float64)
     return Shards(sizes, weights, split_nest(data, sizes, towers), even is not None)
 

@@ -117,8 +117,7 @@ def _unseen(value: Any) -> Any:
     """`value`, as a tensor whose value graph optimisation cannot see."""
     if value is None or isinstance(value, (tf.SparseTensor, tf.RaggedTensor)):
         return value
-    value = tf.convert_to_tensor(value)
-    return tf.compat.v1.placeholder_with_default(value, value.shape)
+    return _keras_compat.unseen(value)
 
 
 def _read(handle: tf.Tensor, variable: Any) -> tf.Tensor:

@@ -116,7 +116,9 @@ def _grappled(atomic: Any, device: str, passes: Sequence[str], config: Any) -> l
                 node.device = device
     meta_graph = tf.compat.v1.train.export_meta_graph(graph_def=graph_def, graph=graph)
     fetch = meta_graph.collection_def["train_op"].node_list.value
-    fetch.extend(t.name for t in outputs)
+    outputs = [t for t in tf.nest.flatten(outputs) if isinstance(t, tf.Tensor)]
+    # A function of no outputs (an optimizer's update) is fetched as its call.
+    fetch.extend([t.name for t in outputs] or [graph.get_operations()[-1].name])
     options = config.graph_options.rewrite_options
     options.meta_optimizer_iterations = options.ONE
     del options.optimizers[:]  # the list replaces Grappler's default passes
@@ -144,8 +146,33 @@ class OptimisedFunction:
         self._atomic = atomic
 
     def __call__(self, *args: Any) -> Any:
+        return self.call_with(args, list(self.function.captured_inputs))
+
+    def call_with(self, args: Sequence[Any], captures: Sequence[Any]) -> Any:
+        """Calls it on `args`, with `captures` in place of the function's
+        captured inputs (another variable's handle in place of a captured
+        one runs the same ops on that variable)."""
         call = _attribute(self._atomic, "call_with_captures", "AtomicFunction")
-        return call(args, {}, list(self.function.captured_inputs))
+        return call(tuple(args), {}, list(captures))
+
+
+def unseen(value: Any, shape: Any = None) -> tf.Tensor:
+    """`value`, as a tensor whose value neither tracing nor Grappler sees.
+
+    Tracing infers the static value of what it can (`tf.get_static_value`);
+    Grappler folds what it can compute into constants, which each
+    instantiation of a function allocates and holds for its life, and
+    specialises a function for each call whose inputs are constants. A
+    ``placeholder_with_default`` is none of these.
+
+    Args:
+        value: A tensor, or what `tf.convert_to_tensor` takes.
+        shape: The static shape to keep; `value`'s by default.
+    """
+    value = tf.convert_to_tensor(value)
+    return tf.compat.v1.placeholder_with_default(
+        value, value.shape if shape is None else shape
+    )
 
 
 def optimised_once(

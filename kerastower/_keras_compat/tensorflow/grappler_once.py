@@ -91,6 +91,9 @@ def _renamed(function_def: Any, names: dict[str, str]) -> None:
     function_def.signature.name = names[function_def.signature.name]
 
 
+_CALL_OPS = ("StatefulPartitionedCall", "PartitionedCall")
+
+
 def _grappled(atomic: Any, device: str, passes: Sequence[str], config: Any) -> list:
     """The library of a graph that calls `atomic` once, after one round of
     Grappler's `passes`, which optimise every function it calls (`config`,
@@ -116,9 +119,9 @@ def _grappled(atomic: Any, device: str, passes: Sequence[str], config: Any) -> l
                 node.device = device
     meta_graph = tf.compat.v1.train.export_meta_graph(graph_def=graph_def, graph=graph)
     fetch = meta_graph.collection_def["train_op"].node_list.value
-    outputs = [t for t in tf.nest.flatten(outputs) if isinstance(t, tf.Tensor)]
     # A function of no outputs (an optimizer's update) is fetched as its call.
-    fetch.extend([t.name for t in outputs] or [graph.get_operations()[-1].name])
+    (call,) = [op for op in graph.get_operations() if op.type in _CALL_OPS]
+    fetch.extend([t.name for t in outputs] or [call.name])
     options = config.graph_options.rewrite_options
     options.meta_optimizer_iterations = options.ONE
     del options.optimizers[:]  # the list replaces Grappler's default passes
@@ -156,7 +159,7 @@ class OptimisedFunction:
         return call(tuple(args), {}, list(captures))
 
 
-def unseen(value: Any, shape: Any = None) -> tf.Tensor:
+def unseen(value: Any) -> tf.Tensor:
     """`value`, as a tensor whose value neither tracing nor Grappler sees.
 
     Tracing infers the static value of what it can (`tf.get_static_value`);
@@ -166,13 +169,11 @@ def unseen(value: Any, shape: Any = None) -> tf.Tensor:
     ``placeholder_with_default`` is none of these.
 
     Args:
-        value: A tensor, or what `tf.convert_to_tensor` takes.
-        shape: The static shape to keep; `value`'s by default.
+        value: A tensor, or what `tf.convert_to_tensor` takes; its static
+            shape is kept.
     """
     value = tf.convert_to_tensor(value)
-    return tf.compat.v1.placeholder_with_default(
-        value, value.shape if shape is None else shape
-    )
+    return tf.compat.v1.placeholder_with_default(value, value.shape)
 
 
 def optimised_once(

@@ -233,10 +233,39 @@ def test_a_resource_barrier_orders_independent_calls_between_writes():
         return value
 
     step.get_concrete_function()  # automatic control dependencies are added
-    assert ops["first"] in ops["before"].control_inputs
+    # One barrier per device, grouped.
+    (before,) = [op for op in ops["before"].control_inputs if op.type == "IdentityN"]
+    (after,) = [op for op in ops["after"].control_inputs if op.type == "IdentityN"]
+    assert ops["first"] in before.control_inputs
     assert ops["call"].control_inputs == [ops["before"]]
-    assert ops["after"] in ops["last"].control_inputs
+    assert after in ops["last"].control_inputs
     assert float(step()) == 2.0 and float(v.numpy()) == 3.0
+
+
+def test_a_resource_barrier_reads_each_devices_handles_on_that_device():
+    import tensorflow as tf
+
+    devices = [d.name for d in tf.config.list_logical_devices("CPU")[:2]]
+    variables = []
+    for device in devices:
+        with tf.device(device):
+            variables += [tf.Variable(1.0), tf.Variable(2.0)]
+    ops = {}
+
+    @tf.function
+    def step():
+        ops["barrier"] = _keras_compat.resource_barrier([v.handle for v in variables])
+        return tf.constant(0)
+
+    step.get_concrete_function()
+    barriers = [op for op in ops["barrier"].control_inputs if op.type == "IdentityN"]
+    # No handle crosses devices; automatic control dependencies see reads.
+    placed = {tf.DeviceSpec.from_string(op.device).device_index for op in barriers}
+    assert placed == {tf.DeviceSpec.from_string(d).device_index for d in devices}
+    assert [list(op.get_attr("_read_only_resource_inputs")) for op in barriers] == [
+        [0, 1],
+        [0, 1],
+    ]
 
 
 def test_run_independently_outside_a_traced_function_is_an_error():
@@ -389,6 +418,35 @@ def test_a_traced_towers_replica_context_reads_its_tower_and_sums_with_its_funct
 def test_kernel_passes_make_layouts_the_devices_own_on_gpus_only():
     cpus = ["/job:localhost/replica:0/task:0/device:CPU:0", "/device:CPU:1"]
     passes = _keras_compat.kernel_passes(cpus)
-    assert passes == ("pruning", "constfold", "arithmetic", "remap", "dependency")
+    assert passes == (
+        "pruning",
+        "common_subgraph_elimination",
+        "constfold",
+        "arithmetic",
+        "remap",
+        "dependency",
+    )
     on_gpus = _keras_compat.kernel_passes(["/device:GPU:0", "/device:GPU:1"])
-    assert on_gpus == (*passes[:3], "layout", *passes[3:])
+    assert on_gpus == (*passes[:4], "layout", *passes[4:])
+
+
+def test_optimised_once_makes_identical_constants_one():
+    import tensorflow as tf
+
+    spec = tf.TensorSpec([2, 3], tf.float32)
+    flat = tf.function(
+        lambda a, b: tf.reshape(a, [-1]) * tf.reshape(b, [-1]), autograph=False
+    ).get_concrete_function(spec, spec)
+    device = tf.config.list_logical_devices("CPU")[0].name
+    optimised = _keras_compat.optimised_once(
+        flat, device, _keras_compat.kernel_passes([device])
+    )
+    graph = tf.function(optimised, autograph=False).get_concrete_function(spec, spec)
+    library = {f.signature.name: f for f in graph.graph.as_graph_def().library.function}
+    (body,) = [f for name, f in library.items() if "optimised_once" in name]
+    # Traced, each reshape has a shape constant of its own; Grappler makes
+    # the two one, as it does in the step of a model that is not towered.
+    assert _ops_of(flat.function_def).count("Const") == 2
+    assert _ops_of(body).count("Const") == 1
+    a = tf.ones([2, 3])
+    np.testing.assert_array_equal(optimised(a, 2.0 * a).numpy(), np.full(6, 2.0))

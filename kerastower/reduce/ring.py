@@ -117,16 +117,25 @@ def dtype_buckets(
 
 def pack(tensors: Sequence[tf.Tensor]) -> tf.Tensor:
     """Flattens `tensors` (one dtype) into one vector, in order."""
-    return tf.concat([tf.reshape(t, [-1]) for t in tensors], axis=0)
+    # One shape constant for all (`tf.reshape` makes one each): the first
+    # step traces a bucket of every gradient (ResNet50: 214).
+    flat = tf.constant([-1])
+    return tf.concat([tf.raw_ops.Reshape(tensor=t, shape=flat) for t in tensors], 0)
 
 
 def unpack(flat: tf.Tensor, shapes: Sequence[tf.TensorShape]) -> list[tf.Tensor]:
     """Undoes `pack` for tensors of the given static `shapes`."""
     sizes = [shape.num_elements() for shape in shapes]
-    return [
-        tf.reshape(piece, shape)
-        for piece, shape in zip(tf.split(flat, sizes, num=len(sizes)), shapes)
-    ]
+    constants: dict[tuple, tf.Tensor] = {}  # one per distinct shape
+    out = []
+    for piece, shape in zip(tf.split(flat, sizes, num=len(sizes)), shapes):
+        dims = tuple(shape.as_list())
+        if dims not in constants:
+            constants[dims] = tf.constant(dims, tf.int32, shape=[len(dims)])
+        piece = tf.raw_ops.Reshape(tensor=piece, shape=constants[dims])
+        piece.set_shape(shape)
+        out.append(piece)
+    return out
 
 
 @functools.lru_cache(maxsize=256)

@@ -22,7 +22,6 @@ it.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -65,20 +64,49 @@ def resource_barrier(resources: Sequence[tf.Tensor]) -> tf.Operation:
     any of them, and the next writes after it: it orders ops taken out of
     those dependencies (`run_independently`) that touch the resources.
     Give them a control input from it, and it one from them.
+
+    One ``IdentityN`` op per device, of the handles of its resources, their
+    inputs marked read-only as TensorFlow marks a function call's that it
+    finds only read; one ``NoOp`` after them is returned. A barrier
+    function of the thousand handles took 0.3 s to trace and call (ResNet50
+    on 8 towers with replicas, 0.55 s of the first step; now 0.37 s, most
+    of it capturing the handles, which the towers' calls then reuse).
     """
-    # Called flat: checking a thousand handles against the signature took
-    # 0.2 s a call.
-    return call_with_captures(_barrier(len(resources)), list(resources), {}).op
+    utils = _acd_utils()
+    attribute = _attribute(utils, "READ_ONLY_RESOURCE_INPUTS_ATTR", "utils")
+    by_device: dict[str, list[tf.Tensor]] = {}
+    for resource in resources:
+        by_device.setdefault(resource.device, []).append(resource)
+    barriers = []
+    for device, handles in by_device.items():
+        with tf.device(device):  # no handle crosses devices
+            op = tf.raw_ops.IdentityN(input=handles)[0].op
+        _attribute(op, "_set_attr", "Operation")(
+            attribute,
+            tf.compat.v1.AttrValue(
+                list=tf.compat.v1.AttrValue.ListValue(i=range(len(handles)))
+            ),
+        )
+        reads, writes = utils.get_read_write_resource_inputs(op)
+        if writes or not reads:
+            raise _fail(
+                "auto_control_deps_utils.get_read_write_resource_inputs",
+                "does not read an op's inputs marked read-only as reads",
+            )
+        barriers.append(op)
+    with tf.control_dependencies(barriers):
+        return tf.no_op()  # one op for the caller (`tf.group` adds one per device)
 
 
-@functools.lru_cache(maxsize=32)
-def _barrier(count: int) -> Any:
-    """A function of `count` resource handles that returns 0, traced once
-    (a thousand handles took over a second to trace)."""
-    specs = [tf.TensorSpec([], tf.resource) for _ in range(count)]
-    barrier = tf.function(lambda handles: tf.constant(0), autograph=False)
-    with tf.init_scope():  # apart from the step, on no device
-        return barrier.get_concrete_function(specs)
+def _acd_utils():
+    try:
+        from tensorflow.python.framework import auto_control_deps_utils
+    except ImportError as error:  # pragma: no cover - depends on TensorFlow
+        raise _fail(
+            "tensorflow.python.framework.auto_control_deps_utils", "cannot be imported"
+        ) from error
+    _attribute(auto_control_deps_utils, "get_read_write_resource_inputs", "utils")
+    return auto_control_deps_utils
 
 
 def orders_calls_here() -> bool:
@@ -134,15 +162,27 @@ def kernel_passes(devices: Sequence[str]) -> tuple[str, ...]:
     """Grappler's passes that speed up the kernels of a function called on
     `devices`, in Grappler's own order.
 
-    Dead ops pruned, constants folded, arithmetic simplified, ops fused (a
-    convolution with its bias and activation, a layer normalisation), control
-    edges dropped, and where a device is a GPU, layouts made its own (NCHW
-    convolutions); not the function, loop and memory optimisers and the
-    others, which found nothing more to speed up in a tower's function.
+    Dead ops pruned, identical ops made one, constants folded, arithmetic
+    simplified, ops fused (a convolution with its bias and activation, a
+    layer normalisation), control edges dropped, and where a device is a
+    GPU, layouts made its own (NCHW convolutions); not the function, loop
+    and memory optimisers and the others, which found nothing more to speed
+    up in a tower's function. Identical ops made one (as Grappler does to
+    the plain model's step) left ResNet50's tower function of 4,622 nodes,
+    not 6,297 (1,829 constants of 158 values), and each device instantiates
+    it: with 8 towers, the first step ran 1.4 s less.
     """
     on_gpu = any(tf.DeviceSpec.from_string(d).device_type == "GPU" for d in devices)
     layout = ("layout",) if on_gpu else ()
-    return ("pruning", "constfold", "arithmetic", *layout, "remap", "dependency")
+    return (
+        "pruning",
+        "common_subgraph_elimination",
+        "constfold",
+        "arithmetic",
+        *layout,
+        "remap",
+        "dependency",
+    )
 
 
 class OptimisedOnce:

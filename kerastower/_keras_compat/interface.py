@@ -43,6 +43,7 @@ from kerastower._keras_compat.tensorflow.collectives import (
     strategy_num_workers,
 )
 from kerastower._keras_compat.tensorflow.grappler_once import (
+    FUNCTION_CALL_OPS,
     optimised_once,
     unseen,
 )
@@ -130,6 +131,7 @@ functional_variant = functools.partial(
 
 __all__ = [
     "CheckpointHooks",
+    "FUNCTION_CALL_OPS",
     "Functional",
     "GlobalSeeds",
     "KERAS_FAMILY",

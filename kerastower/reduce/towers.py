@@ -87,7 +87,7 @@ def self_adjoint(
             ]
             return self_adjoint(upstream, total) + [None] * count
 
-        return [tf.identity(s) for s in flat[count:]], grad
+        return list(flat[count:]), grad  # copied by `tf.custom_gradient`
 
     return list(attach(*values, *sums))
 

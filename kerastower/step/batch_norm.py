@@ -113,22 +113,23 @@ def _attached(x, mean, variance, count, total, centre=lambda m: m):
     @tf.custom_gradient
     def attach(x, mean, variance):
         def grad(upstream_mean, upstream_variance):
-            upstream = tf.stack(
-                [
-                    tf.zeros_like(value) if g is None else g
-                    for g, value in (
-                        (upstream_mean, mean),
-                        (upstream_variance, variance),
-                    )
-                ]
+            # One vector [G_m, 2 G_v] summed over the towers (doubling is
+            # exact, so the order of the factor changes no bit).
+            g_m = tf.zeros_like(mean) if upstream_mean is None else upstream_mean
+            g_v = (
+                tf.zeros_like(variance)
+                if upstream_variance is None
+                else upstream_variance * 2.0
             )
+            upstream = tf.concat([g_m, g_v], 0)
             (summed,) = self_adjoint([tf.math.divide_no_nan(upstream, count)], total)
-            per_mean, per_variance = (centre(g) for g in tf.unstack(summed))
+            per_mean, per_variance = (centre(g) for g in tf.split(summed, 2))
             # Differentiable again (a gradient penalty), as one device's.
             deviation = x - tf.stop_gradient(centre(mean))
-            return per_mean + per_variance * (deviation * 2.0), None, None
+            return per_mean + per_variance * deviation, None, None
 
-        return (tf.identity(mean), tf.identity(variance)), grad
+        # `tf.custom_gradient` returns copies (`IdentityN`) of the results.
+        return (mean, variance), grad
 
     return attach(x, mean, variance)
 
@@ -166,18 +167,32 @@ def _gathered_moments(
         return statistic if trailing else tf.reshape(statistic, keep_dims)
 
     stopped = tf.stop_gradient(x)
-    count = tf.cast(tf.size(x, out_type=tf.int64) // math.prod(kept), x.dtype)
-    summed = tf.reduce_sum(stopped, axes)
-    own = tf.square(stopped - centre(tf.math.divide_no_nan(summed, count)))
+    over = tf.constant(axes, tf.int32)
+    count = _count(x, kept)
+    summed = tf.reduce_sum(stopped, over)
+    own_mean = centre(tf.math.divide_no_nan(summed, count))
+    own = tf.reduce_sum(tf.math.squared_difference(stopped, own_mean), over)
     # Gathered: [N, *kept], [N, 1, ...] (broadcast against them), [N, *kept].
-    sums, counts, owns = gather(
-        [summed, tf.reshape(count, [1] * len(kept)), tf.reduce_sum(own, axes)]
+    sums, counts, owns = gather([summed, count, own])
+    towers = tf.constant(0)
+    count = tf.reduce_sum(counts, towers)
+    mean = tf.math.divide_no_nan(tf.reduce_sum(sums, towers), count)
+    spread = counts * tf.math.squared_difference(
+        tf.math.divide_no_nan(sums, counts), mean
     )
-    count = tf.reduce_sum(counts, 0)
-    mean = tf.math.divide_no_nan(tf.reduce_sum(sums, 0), count)
-    spread = counts * tf.square(tf.math.divide_no_nan(sums, counts) - mean)
-    variance = tf.math.divide_no_nan(tf.reduce_sum(owns + spread, 0), count)
+    variance = tf.math.divide_no_nan(tf.reduce_sum(owns + spread, towers), count)
     return (*_attached(x, mean, variance, count, total, centre), count)
+
+
+def _count(x: tf.Tensor, kept: list[int]) -> tf.Tensor:
+    """The count of values each statistic of `x` is over, ``[1, ...]`` (one
+    per kept axis), in the dtype of `x`: a constant where the shape is
+    known."""
+    shape = [1] * len(kept)
+    if x.shape.is_fully_defined():
+        return tf.constant(x.shape.num_elements() // math.prod(kept), x.dtype, shape)
+    count = tf.cast(tf.size(x, out_type=tf.int64) // math.prod(kept), x.dtype)
+    return tf.reshape(count, shape)
 
 
 def _masked_moments(

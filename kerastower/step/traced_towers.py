@@ -301,7 +301,7 @@ def run(
         calls = {
             leaf.op
             for leaf in tf.nest.flatten(result, expand_composites=True)
-            if leaf.op.type in ("StatefulPartitionedCall", "PartitionedCall")
+            if leaf.op.type in _keras_compat.FUNCTION_CALL_OPS
         }
         for op in calls:
             _keras_compat.run_independently(op)

@@ -43,7 +43,7 @@ from kerastower._keras_compat.tensorflow.collectives import (
     strategy_num_workers,
 )
 from kerastower._keras_compat.tensorflow.grappler_once import (
-    FUNCTION_CALL_OPS,
+    is_function_call,
     optimised_once,
     unseen,
 )
@@ -131,7 +131,6 @@ functional_variant = functools.partial(
 
 __all__ = [
     "CheckpointHooks",
-    "FUNCTION_CALL_OPS",
     "Functional",
     "GlobalSeeds",
     "KERAS_FAMILY",
@@ -166,6 +165,7 @@ __all__ = [
     "held_before_towers",
     "init_functional",
     "inner_layers",
+    "is_function_call",
     "is_keras_class",
     "is_remote_path",
     "is_spectral_normalization",

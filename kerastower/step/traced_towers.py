@@ -301,7 +301,7 @@ def run(
         calls = {
             leaf.op
             for leaf in tf.nest.flatten(result, expand_composites=True)
-            if leaf.op.type in _keras_compat.FUNCTION_CALL_OPS
+            if _keras_compat.is_function_call(leaf.op)
         }
         for op in calls:
             _keras_compat.run_independently(op)

@@ -91,8 +91,12 @@ def _renamed(function_def: Any, names: dict[str, str]) -> None:
     function_def.signature.name = names[function_def.signature.name]
 
 
-# The op types of a call of a traced function.
-FUNCTION_CALL_OPS = ("StatefulPartitionedCall", "PartitionedCall")
+_CALL_OPS = ("StatefulPartitionedCall", "PartitionedCall")
+
+
+def is_function_call(op: tf.Operation) -> bool:
+    """Whether `op` calls a traced function."""
+    return op.type in _CALL_OPS
 
 
 def _grappled(atomic: Any, device: str, passes: Sequence[str], config: Any) -> list:
@@ -121,7 +125,7 @@ def _grappled(atomic: Any, device: str, passes: Sequence[str], config: Any) -> l
     meta_graph = tf.compat.v1.train.export_meta_graph(graph_def=graph_def, graph=graph)
     fetch = meta_graph.collection_def["train_op"].node_list.value
     # A function of no outputs (an optimizer's update) is fetched as its call.
-    (call,) = [op for op in graph.get_operations() if op.type in FUNCTION_CALL_OPS]
+    (call,) = [op for op in graph.get_operations() if is_function_call(op)]
     fetch.extend([t.name for t in outputs] or [call.name])
     options = config.graph_options.rewrite_options
     options.meta_optimizer_iterations = options.ONE

@@ -213,9 +213,19 @@ def test_subclassed_model_with_compute_loss_override():
     assert_same_weights(plain, towered)
 
 
-@pytest.mark.parametrize("towers", [2, 4])
-def test_batch_normalization_is_synchronised_by_default(towers):
-    x, y = regression_data(n=22)
+@pytest.mark.parametrize(
+    "towers, batch_size, eagerly",
+    [(2, 9, False), (4, 9, False), (4, 8, False), (2, 9, True)],
+    ids=["2", "4", "4-even", "2-eagerly"],
+)
+def test_batch_normalization_is_synchronised_by_default(
+    towers, batch_size, eagerly, float64
+):
+    # Batches of 9, 9 and 4 (shards of a batch size the trace does not
+    # know: the count computed at run time), or of 8 (shards of 2, known
+    # to the first trace: a constant count); eagerly, `tf.custom_gradient`
+    # copies the statistics on its eager path.
+    x, y = regression_data(n=22 if batch_size == 9 else 16)
 
     def build():
         keras.utils.set_random_seed(8)
@@ -228,11 +238,15 @@ def test_batch_normalization_is_synchronised_by_default(towers):
         build,
         x,
         y,
-        lambda: dict(optimizer=keras.optimizers.SGD(0.05), loss="mse"),
+        lambda: dict(
+            optimizer=keras.optimizers.SGD(0.05), loss="mse", run_eagerly=eagerly
+        ),
         towers=towers,
         evaluate=False,
-        batch_size=9,
+        batch_size=batch_size,
         epochs=2,
+        rtol=1e-12,  # float64: rounding, sums in another order
+        atol=1e-12,
     )
     bn = [layer for layer in towered.layers if "batch_normalization" in layer.name]
     assert bn[0].synchronized is False  # the layer's own setting is restored

@@ -274,3 +274,24 @@ def test_replicas_keep_their_variables_paths_order_values_and_constraints():
             assert copy is not variable
             assert copy.value.device.endswith(device[len("/device:") :])
             np.testing.assert_array_equal(copy.numpy(), variable.numpy())
+        # One TensorFlow name for every replica: TensorFlow makes a kernel
+        # for each name of variable a device has not made, most of the time
+        # to make one (`replicas._one_tensorflow_name`).
+        assert {c.value.name for c in copies} == {"kerastower_replica/variable:0"}
+
+
+def test_optimizer_clones_keep_their_state_paths_and_the_model_its_names():
+    model = keras.Sequential(
+        [keras.Input((3,)), keras.layers.Dense(4, name="hidden"), keras.layers.Dense(1)]
+    )
+    variables = model.trainable_variables
+    optimizer = keras.optimizers.Adam(0.01)
+    names = [v.value.name for v in variables]
+    replicas = Replicas(["/device:CPU:0", "/device:CPU:1"])
+    assert replicas.ensure(variables, optimizer)  # builds the optimizer too
+    (clone,) = replicas._clones
+    assert [s.path for s in clone.variables] == [s.path for s in optimizer.variables]
+    assert {s.value.name for s in clone.variables} == {"kerastower_replica/variable:0"}
+    # The model's variables and its own optimizer's keep TensorFlow's names.
+    assert [v.value.name for v in variables] == names
+    assert not any("kerastower_replica" in s.value.name for s in optimizer.variables)

@@ -116,9 +116,9 @@ def test_a_traced_tower_trains_as_one_device_on_every_batch_shape(batch_size):
 class Rounds(keras.layers.Layer):
     """The identity, recording whether the function calls made where it is
     traced get one round of Grappler (TensorFlow's default: two), and
-    whether without its function optimiser (default: on)."""
+    whether without its function and memory optimisers (default: on)."""
 
-    seen: list[tuple[bool, bool]] = []
+    seen: list[tuple[bool, bool, bool]] = []
 
     def call(self, x):
         options = context.context().function_call_options
@@ -128,6 +128,7 @@ class Rounds(keras.layers.Layer):
             (
                 rewrite.meta_optimizer_iterations == rewrite.ONE,
                 rewrite.function_optimization == rewrite.OFF,
+                rewrite.memory_optimization == rewrite.NO_MEM_OPT,
             )
         )
         return x
@@ -168,7 +169,7 @@ def test_step_functions_get_one_round_of_grappler_where_towers_are_traced_once(
     RUNS[run](model)
     if cls is OwnStep and run != "train":
         once = True  # its test and predict steps are TowerModel's
-    assert Rounds.seen[-1] == (once, once)
+    assert Rounds.seen[-1] == (once, once, once)
     # The wrapper copies, as Keras's own function does.
     assert callable(copy.copy(getattr(model, f"{run}_function")))
 

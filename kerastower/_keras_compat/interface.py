@@ -55,6 +55,7 @@ from kerastower._keras_compat.tensorflow.tower_calls import (
     orders_calls_here,
     resource_barrier,
     run_independently,
+    skip_reference_variable_check,
     tower_replica_context,
 )
 from kerastower._keras_compat.tensorflow.xla import (
@@ -194,6 +195,7 @@ __all__ = [
     "scalar_means_weighted",
     "set_initial_epoch",
     "set_keras_mask",
+    "skip_reference_variable_check",
     "spectral_update",
     "steps_per_execution",
     "strategy_made_after_start",

@@ -295,6 +295,9 @@ def run(
         # Grappler specialises a function for each call whose inputs are
         # constants, and optimises each specialisation: unseen, they are not.
         args = tf.nest.map_structure(_unseen, args)
+        # TensorFlow would convert the function's body twice per call, each
+        # time it instantiates the step, to look for reference variables.
+        _keras_compat.skip_reference_variable_check(args[1])  # the weight
         handles = [v.handle for v in replicated[tower]] if replicated else []
         with tf.device(devices[tower]), _keras_compat.calls_without_graph_optimizer():
             result = optimised(*args, handles, tokens[tower : tower + 1])

@@ -50,6 +50,7 @@ from kerastower._keras_compat.tensorflow.grappler_once import (
 from kerastower._keras_compat.tensorflow.tower_calls import (
     call_with_captures,
     calls_without_graph_optimizer,
+    calls_without_shape_inference,
     keeps_functions_apart,
     kernel_passes,
     orders_calls_here,
@@ -148,6 +149,7 @@ __all__ = [
     "build_optimizer",
     "call_with_captures",
     "calls_without_graph_optimizer",
+    "calls_without_shape_inference",
     "check_execution_steps",
     "check_prepared",
     "clone_optimizer",

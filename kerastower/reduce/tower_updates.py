@@ -172,6 +172,7 @@ class TowerUpdates:
             with (
                 tf.device(self.devices[tower]),
                 _keras_compat.calls_without_graph_optimizer(),
+                _keras_compat.calls_without_shape_inference(),
             ):
                 optimised.call_with([gradients], captures)
 

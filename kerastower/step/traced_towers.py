@@ -299,7 +299,11 @@ def run(
         # time it instantiates the step, to look for reference variables.
         _keras_compat.skip_reference_variable_check(args[1])  # the weight
         handles = [v.handle for v in replicated[tower]] if replicated else []
-        with tf.device(devices[tower]), _keras_compat.calls_without_graph_optimizer():
+        with (
+            tf.device(devices[tower]),
+            _keras_compat.calls_without_graph_optimizer(),
+            _keras_compat.calls_without_shape_inference(),
+        ):
             result = optimised(*args, handles, tokens[tower : tower + 1])
         calls = {
             leaf.op

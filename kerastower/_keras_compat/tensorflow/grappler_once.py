@@ -92,12 +92,13 @@ def _renamed(function_def: Any, names: dict[str, str]) -> None:
 
 
 _STATEFUL_CALL, _CALL = "StatefulPartitionedCall", "PartitionedCall"
-_CALL_OPS = (_STATEFUL_CALL, _CALL)
+# The ops that call a function.
+CALL_OPS = (_STATEFUL_CALL, _CALL)
 
 
 def is_function_call(op: tf.Operation) -> bool:
     """Whether `op` calls a traced function."""
-    return op.type in _CALL_OPS
+    return op.type in CALL_OPS
 
 
 def _graph_of_one_call(atomic: Any, call_config: bytes) -> tuple[Any, list[str]]:

@@ -163,9 +163,6 @@ def calls_without_graph_optimizer():
     return _call_options(edit)
 
 
-_CALL_OPS = ("PartitionedCall", "StatefulPartitionedCall")
-
-
 @contextmanager
 def calls_without_shape_inference() -> Iterator[None]:
     """Function calls traced into the current graph while open skip shape
@@ -187,7 +184,7 @@ def calls_without_shape_inference() -> Iterator[None]:
 
     def create_call(*args, **kwargs):
         bound = signature.bind(*args, **kwargs)
-        if bound.arguments["op_type"] in _CALL_OPS:
+        if bound.arguments["op_type"] in grappler_once.CALL_OPS:
             bound.arguments["attrs"] = {
                 **(bound.arguments.get("attrs") or {}),
                 "_disable_call_shape_inference": tf.compat.v1.AttrValue(b=True),

@@ -3,9 +3,12 @@
 Every setup runs in a fresh process on 8 logical CPUs: it builds the model,
 compiles it (SGD) and times
 
-- **first step**: one ``fit`` of one global batch, from the call to its
-  return: tracing the training step, TensorFlow's graph optimisation and the
-  step itself, what a user waits for before the progress bar moves;
+- **first step**: one ``fit`` of one global batch, from the call to the
+  end of its batch (``on_train_batch_end``, when the progress bar moves):
+  tracing the training step, TensorFlow's graph optimisation and the step
+  itself. Not what ``fit`` does after it: closing its `tf.data` iterator
+  waited up to 2.5 s, now and then, for the thread that autotunes the
+  pipeline, on the plain model as on towers (a stack dump of the gap);
 - **steady step**: the median time between the ends of consecutive steps
   of a second ``fit``, of 11 batches (10 intervals), the path a user's epochs
   take (``train_on_batch`` calls another step function, traced anew, and
@@ -29,8 +32,11 @@ and ``mirrored4`` (stock
 and ``convbn`` (16 blocks of a 3x3 convolution, `BatchNormalization` and
 ReLU, for ``--quick``). The global batch is 8 examples.
 
-The ratios are each setup's time over ``plain``'s for the same model, in the
-same run. Logical CPUs share the machine's cores, so steady steps of towers
+Each setup runs ``--repeats`` times (3), the setups of a model in turn,
+and its row holds the medians (its first steps' range in brackets): one
+process's first step moved by up to 1.5 times between runs here.
+The ratios are each setup's medians over ``plain``'s for the same model, in
+the same run. Logical CPUs share the machine's cores, so steady steps of towers
 are not faster here; the first step measures tracing, which is what grows
 with the model.
 """
@@ -82,6 +88,7 @@ WORKERS = 2
 BATCH = 8
 STEADY_STEPS = 10
 LOGICAL_DEVICES = 8
+REPEATS = 3
 
 
 def build(name: str):
@@ -159,12 +166,12 @@ def _child(model_name: str, setup: str) -> None:
         model.compile(optimizer="sgd", loss=loss)
     built = time.perf_counter()
     batch = len(x)  # BATCH, or one worker's part of it
-    model.fit(x, y, batch_size=batch, epochs=1, verbose=0)
-    first = time.perf_counter()
     ends: list[float] = []
     batch_ends = keras.callbacks.LambdaCallback(
         on_train_batch_end=lambda batch, logs: ends.append(time.perf_counter())
     )
+    model.fit(x, y, batch_size=batch, epochs=1, verbose=0, callbacks=[batch_ends])
+    first, fitted = ends.pop(), time.perf_counter()
     copies = STEADY_STEPS + 1
     x, y = np.concatenate([x] * copies), np.concatenate([y] * copies)
     model.fit(x, y, batch_size=batch, epochs=1, verbose=0, callbacks=[batch_ends])
@@ -174,6 +181,7 @@ def _child(model_name: str, setup: str) -> None:
         "setup": setup,
         "build_s": built - started,
         "first_step_s": first - built,
+        "first_fit_s": fitted - built,
         "steady_step_s": float(np.median(steady)),
     }
     print("RESULT " + json.dumps(row), flush=True)
@@ -252,26 +260,57 @@ def markdown_table(rows: Sequence[dict[str, Any]]) -> str:
             continue
         first = f"{r['first_step_ratio']:.2f}" if "first_step_ratio" in r else ""
         steady = f"{r['steady_step_ratio']:.2f}" if "steady_step_ratio" in r else ""
+        spread = r.get("first_step_runs", [])
+        runs = f" ({min(spread):.1f}-{max(spread):.1f})" if len(spread) > 1 else ""
         lines.append(
-            f"| {r['model']} | {r['setup']} | {r['first_step_s']:.1f} | {first} "
+            f"| {r['model']} | {r['setup']} | {r['first_step_s']:.1f}{runs} | {first} "
             f"| {1000 * r['steady_step_s']:.0f} | {steady} |"
         )
     return "\n".join(lines) + "\n"
 
 
+def medians(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """One setup's row from its `runs` (rows of `measure`): the median
+    first and steady step, and every run's first step; the first error, if
+    any run failed."""
+    import numpy as np
+
+    failed = [r for r in runs if "error" in r]
+    if failed:
+        return failed[0]
+    first = [r["first_step_s"] for r in runs]
+    return {
+        **runs[0],
+        "first_step_s": float(np.median(first)),
+        "first_step_runs": first,
+        "first_fit_s": float(np.median([r["first_fit_s"] for r in runs])),
+        "steady_step_s": float(np.median([r["steady_step_s"] for r in runs])),
+    }
+
+
 def run(
-    models: Sequence[str], setups: Sequence[str], out: Path, log=print
+    models: Sequence[str],
+    setups: Sequence[str],
+    out: Path,
+    repeats: int = REPEATS,
+    log=print,
 ) -> dict[str, Any]:
-    """Measures every setup of every model; writes ``trace.json`` and ``.md``."""
+    """Measures every setup of every model `repeats` times, the setups of a
+    model in turn; writes ``trace.json`` and ``.md``."""
     started = time.perf_counter()
     rows = []
     for model_name in models:
-        for setup in setups:
-            log(f"[trace] {model_name} {setup}")
-            rows.append(measure(model_name, setup))
-            log(f"[trace]   {rows[-1]}")
+        runs: dict[str, list] = {setup: [] for setup in setups}
+        for repeat in range(repeats):
+            for setup in setups:
+                log(f"[trace] {model_name} {setup} ({repeat + 1}/{repeats})")
+                runs[setup].append(measure(model_name, setup))
+                log(f"[trace]   {runs[setup][-1]}")
+        rows += [medians(runs[setup]) for setup in setups]
     rows = with_ratios(rows)
-    return write_results(out, "trace", rows, markdown_table(rows), started)
+    return write_results(
+        out, "trace", rows, markdown_table(rows), started, repeats=repeats
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -283,20 +322,24 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--models", nargs="+", choices=MODELS, default=list(MODELS[:3]))
     parser.add_argument("--setups", nargs="+", choices=SETUPS, default=list(SETUPS))
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    parser.add_argument("--repeats", type=int, default=REPEATS)
     parser.add_argument(
-        "--quick", action="store_true", help="the convbn model, plain and tower2"
+        "--quick", action="store_true", help="the convbn model, plain and tower2, once"
     )
     parser.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
         _child(*args.child)
         return
+    if args.repeats < 1:
+        parser.error(f"`--repeats` must be at least 1. Received: {args.repeats}")
     if args.quick:
-        args.models, args.setups = ["convbn"], ["plain", "tower2"]
+        args.models, args.setups, args.repeats = ["convbn"], ["plain", "tower2"], 1
     results = run(
         args.models,
         args.setups,
         args.out,
+        args.repeats,
         log=lambda message: print(message, file=sys.stderr, flush=True),
     )
     print(markdown_table(results["rows"]), end="")

@@ -14,7 +14,7 @@ if str(ROOT) not in sys.path:
 
 from bench.report import memory_ratios, timing_ratios  # noqa: E402
 from bench.timing import paired_ratio  # noqa: E402
-from bench.trace import markdown_table, with_ratios  # noqa: E402
+from bench.trace import markdown_table, medians, with_ratios  # noqa: E402
 
 
 def _suite(**repeats):
@@ -200,6 +200,30 @@ def test_trace_ratios_are_over_the_plain_model_of_the_same_run():
     table = markdown_table(rows)
     assert "| m | tower4 | 5.0 | 2.50 | 120 | 1.20 |" in table
     assert "| m | mirrored4 | error: boom" in table
+
+
+def test_trace_rows_hold_the_medians_of_their_runs_and_the_first_error():
+    runs = [
+        {
+            "model": "m",
+            "setup": "tower4",
+            "first_step_s": t,
+            "first_fit_s": t + 1,
+            "steady_step_s": s,
+        }
+        for t, s in ((5.0, 0.3), (9.0, 0.1), (4.0, 0.2))
+    ]
+    row = medians(runs)
+    assert (row["first_step_s"], row["first_fit_s"], row["steady_step_s"]) == (
+        5.0,
+        6.0,
+        0.2,
+    )
+    assert row["first_step_runs"] == [5.0, 9.0, 4.0]
+    table = markdown_table(with_ratios([row]))
+    assert "| m | tower4 | 5.0 (4.0-9.0) |  | 200 |  |" in table
+    failed = {"model": "m", "setup": "tower4", "error": "boom"}
+    assert medians([runs[0], failed]) == failed
 
 
 @pytest.mark.slow

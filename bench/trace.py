@@ -46,6 +46,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -269,22 +270,21 @@ def markdown_table(rows: Sequence[dict[str, Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def medians(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """One setup's row from its `runs` (rows of `measure`): the median
-    first and steady step, and every run's first step; the first error, if
-    any run failed."""
-    import numpy as np
+# The times of a row of `measure`, each the median of its runs in `medians`.
+_TIMES = ("build_s", "first_step_s", "first_fit_s", "steady_step_s")
 
+
+def medians(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """One setup's row from its `runs` (rows of `measure`): the median of
+    each time, and every run's first step; the first error, if any run
+    failed."""
     failed = [r for r in runs if "error" in r]
     if failed:
         return failed[0]
-    first = [r["first_step_s"] for r in runs]
     return {
         **runs[0],
-        "first_step_s": float(np.median(first)),
-        "first_step_runs": first,
-        "first_fit_s": float(np.median([r["first_fit_s"] for r in runs])),
-        "steady_step_s": float(np.median([r["steady_step_s"] for r in runs])),
+        **{key: statistics.median(r[key] for r in runs) for key in _TIMES},
+        "first_step_runs": [r["first_step_s"] for r in runs],
     }
 
 

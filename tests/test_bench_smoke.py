@@ -207,13 +207,15 @@ def test_trace_rows_hold_the_medians_of_their_runs_and_the_first_error():
         {
             "model": "m",
             "setup": "tower4",
+            "build_s": b,
             "first_step_s": t,
             "first_fit_s": t + 1,
             "steady_step_s": s,
         }
-        for t, s in ((5.0, 0.3), (9.0, 0.1), (4.0, 0.2))
+        for b, t, s in ((0.7, 5.0, 0.3), (0.5, 9.0, 0.1), (0.6, 4.0, 0.2))
     ]
     row = medians(runs)
+    assert row["build_s"] == 0.6
     assert (row["first_step_s"], row["first_fit_s"], row["steady_step_s"]) == (
         5.0,
         6.0,

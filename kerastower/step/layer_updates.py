@@ -194,9 +194,10 @@ def tower_reads(
         replicas: The model's `kerastower.reduce.replicas.Replicas`, or ``None``.
         tower: The tower; defaults to the current replica context's (0
             outside `tf.distribute.Strategy.run`).
-        replica_values: For a tower traced once with replicas, the calling
-            tower's value of each replicated variable, by ``id`` of the
-            model's variable: inputs of the traced function.
+        replica_values: For a tower traced once, the calling tower's value
+            of each trainable variable (its replica's, with replicas), by
+            ``id`` of the model's variable: read from the traced function's
+            inputs. A variable missing from it is read as it is.
     """
     with state.global_seeds.in_tower():
         with _reads(model, variables, state, replicas, tower, replica_values) as read:
@@ -220,10 +221,10 @@ def _reads(model, variables, state, replicas, tower, replica_values) -> Iterator
         raise RuntimeError("A tower traced once with replicas needs their values.")
 
     def reads(variables):
+        if traced is not None and replica_values is not None:
+            return [replica_values.get(id(v), v) for v in variables]
         if replicas is None:
             return list(variables)
-        if traced is not None:  # the calling tower's replicas, as inputs
-            return [replica_values.get(id(v), v) for v in variables]
         return replicas.copies(variables, tower)
 
     read = reads(variables)
@@ -238,7 +239,9 @@ def _reads(model, variables, state, replicas, tower, replica_values) -> Iterator
             for v, value in state.values + state.metrics
             if id(v) not in given
         ]
-        pairs += _seed_states(state, traced if traced is not None else tower)
+        pairs += _seed_states(
+            state, traced if traced is not None else tower, replica_values or {}
+        )
         return [(v, family.value_of(value)) for v, value in pairs]
 
     guarded = functools.partial(_guarded_weights, model)
@@ -264,16 +267,18 @@ def _mapped(model, state: StepState) -> set[int]:
     return mapped
 
 
-def _seed_states(state: StepState, tower) -> list:
+def _seed_states(state: StepState, tower, given: dict) -> list:
     """Each seed generator's state, moved to a stream of `tower`'s own.
 
     Tower ``i`` draws from the state ``(s_0 + i, s_1)``: tower 0 draws what
     one device draws, the others their own numbers, and the generator
-    advances once per step, as on one device (tower 0's assignment).
+    advances once per step, as on one device (tower 0's assignment). A
+    state's value in `given` (by ``id`` of its variable) is used as it is,
+    unread.
     """
     mapping = []
     for v in state.seeds:
-        value = tf.convert_to_tensor(v.value)
+        value = tf.convert_to_tensor(given.get(id(v), v))
         offset = tf.cast(tf.stack([tower, 0]), value.dtype)
         mapping.append((v, value + offset))
     return mapping

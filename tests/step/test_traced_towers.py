@@ -231,15 +231,19 @@ def test_no_conditional_of_a_step_takes_every_weight(replicate_variables):
 
 
 def _tower_input_shapes(function: tf.types.experimental.ConcreteFunction) -> set:
-    """The batch sizes of the 2-d float inputs of every traced tower that
-    `function` calls."""
+    """The batch sizes of the 2-d float shards of every traced tower that
+    `function` calls (not the weights' values it takes too)."""
     found = set()
     for library_function in function.graph.as_graph_def().library.function:
         if "traced_tower" not in library_function.signature.name:
             continue
         for i, arg in enumerate(library_function.signature.input_arg):
             shapes = library_function.arg_attr[i].attr.get("_output_shapes")
-            if arg.type != tf.float32.as_datatype_enum or shapes is None:
+            if (
+                not arg.name.startswith("shard")
+                or arg.type != tf.float32.as_datatype_enum
+                or shapes is None
+            ):
                 continue
             dims = shapes.list.shape[0].dim
             if len(dims) == 2:
@@ -268,6 +272,13 @@ def test_an_even_static_batch_traces_static_shards(replicate_variables):
     assert conditionals[10] == conditionals[None], conditionals
 
 
+def _step_graph(model) -> tf.Graph:
+    """The graph of `model`'s training step on a batch of 8."""
+    specs = (tf.TensorSpec([8, 6]), tf.TensorSpec([8, 1]))
+    traced = tf.function(lambda x, y: model.train_step((x, y)))
+    return traced.get_concrete_function(*specs).graph
+
+
 @pytest.mark.parametrize("replicate_variables", [False, True])
 def test_every_tower_calls_one_function_optimised_once_and_skips_grappler(
     replicate_variables,
@@ -277,9 +288,7 @@ def test_every_tower_calls_one_function_optimised_once_and_skips_grappler(
     # replicas, so is the optimizer's update that every tower calls.
     model = counting_model(replicate_variables=replicate_variables)
     model.train_on_batch(X, Y)
-    specs = (tf.TensorSpec([8, 6]), tf.TensorSpec([8, 1]))
-    traced = tf.function(lambda x, y: model.train_step((x, y)))
-    graph = traced.get_concrete_function(*specs).graph
+    graph = _step_graph(model)
     calls = [
         op
         for op in graph.get_operations()
@@ -304,6 +313,35 @@ def test_every_tower_calls_one_function_optimised_once_and_skips_grappler(
         assert op.get_attr("_disable_call_shape_inference")
 
 
+@pytest.mark.parametrize("replicate_variables", [False, True])
+def test_the_tower_function_reads_no_weight_off_its_device(replicate_variables):
+    # A tower function that read the model's weights itself ran in two parts
+    # on every tower but the first, one on the first tower's device to read
+    # them, each weight sent across within the call: the Transformer's steady
+    # step took 1.18 times the copies design's. The step reads them, and
+    # Keras's seed generators' states, once and passes their values; with
+    # replicas, each tower reads its own replicas.
+    model = counting_model(replicate_variables=replicate_variables)
+    model.train_on_batch(X, Y)
+    graph = _step_graph(model)
+    towers = [
+        f
+        for f in graph.as_graph_def().library.function
+        if "traced_tower" in f.signature.name
+    ]
+    assert towers
+    resource = tf.resource.as_datatype_enum
+    trainable = len(model.trainable_variables)
+    for function_def in towers:
+        handles = [a for a in function_def.signature.input_arg if a.type == resource]
+        reads = [n for n in function_def.node_def if n.op == "ReadVariableOp"]
+        if replicate_variables:  # its replicas' handles and a token
+            assert len(reads) == trainable, function_def.signature.name
+            assert len(handles) == trainable + 1, function_def.signature.name
+        else:
+            assert not reads and not handles, function_def.signature.name
+
+
 def test_a_tower_that_does_not_run_adds_zeros_made_when_it_runs():
     # With replicas, a tower that does not run sums zeros in place of its
     # gradients. `tf.zeros_like` of a bucket was a constant to Grappler,
@@ -312,9 +350,7 @@ def test_a_tower_that_does_not_run_adds_zeros_made_when_it_runs():
     # 4 towers: 376 MB, a third of its first step's new memory).
     model = counting_model(replicate_variables=True)
     model.train_on_batch(X, Y)
-    specs = (tf.TensorSpec([8, 6]), tf.TensorSpec([8, 1]))
-    traced = tf.function(lambda x, y: model.train_step((x, y)))
-    graph_def = traced.get_concrete_function(*specs).graph.as_graph_def()
+    graph_def = _step_graph(model).as_graph_def()
     optimised = [
         f for f in graph_def.library.function if "_optimised_once_" in f.signature.name
     ]

@@ -31,7 +31,7 @@ it makes the model's assignments) is now an input:
   per batch size (`kerastower.reduce.keys.batch_group_key`);
 - the weights it differentiates: with replicas, its replicas' resource
   handles (tower 0's are the model's own variables), which the function
-  reads on the tower's device; without, the values of the model's
+  reads on the tower's device; without (Keras 3), the values of the model's
   trainable weights, which the step reads once, on the first tower's
   device where they live. So are the states of Keras's seed generators.
   A function that read them there itself would run in two parts on each
@@ -233,9 +233,12 @@ def run(
     )
     primaries = list(replicated[0]) if replicated else []
     # Read once by the step, where they live: the seed generators' states
-    # and, without replicas, the weights.
+    # and, without replicas, the weights. Keras 2's layers read the model's
+    # variables themselves (no `keras.StatelessScope` maps their reads).
     read = [] if replicated else list(model.trainable_weights)
     read += body.state.seeds
+    if _keras_compat.assigns_in_towers():
+        read = []
     values = [tf.convert_to_tensor(v) for v in read]
     tokens = [t.handle for t in replicas.tokens] if sums_gradients else []
 

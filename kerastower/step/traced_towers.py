@@ -40,7 +40,7 @@ it makes the model's assignments) is now an input:
   `bench.steady` took 1.18 times the copies design's steady step (1.00
   with the values given). A call starts once all its inputs have arrived,
   so on GPUs without replicas (not the default there) a tower's first
-  layers wait for every weight's copy; the function differentiates the
+  layers wait for every weight's copy. The function differentiates the
   values it was given or read; the replicas' updates stay outside it;
 - on one worker of Keras 3, whether it runs: every tower is called at
   every step (`Runs.on_every_tower`), and for a batch smaller than the tower count
@@ -235,10 +235,9 @@ def run(
     # Read once by the step, where they live: the seed generators' states
     # and, without replicas, the weights. Keras 2's layers read the model's
     # variables themselves (no `keras.StatelessScope` maps their reads).
-    read = [] if replicated else list(model.trainable_weights)
-    read += body.state.seeds
-    if _keras_compat.assigns_in_towers():
-        read = []
+    read = []
+    if not _keras_compat.assigns_in_towers():
+        read = ([] if replicated else list(model.trainable_weights)) + body.state.seeds
     values = [tf.convert_to_tensor(v) for v in read]
     tokens = [t.handle for t in replicas.tokens] if sums_gradients else []
 

@@ -19,7 +19,8 @@ middle of the Keras 2 range:
   session per TensorFlow (``nox -s "matrix_keras2(tensorflow='2.12.1')"``),
   and records each row like ``matrix``; ``nox -s oldest_keras2`` runs
   `KERAS2_CI_SUITES` on the oldest Keras 2 pair without recording, and
-  ``.ci/run`` runs it.
+  ``nox -s traced_keras2`` on the oldest whose towers trace once
+  (TensorFlow 2.15); ``.ci/run`` runs both.
 - ``nox -s replicas`` runs the whole test suite and Keras's own model and
   trainer tests (``tests/keras_suite/run.py``) on the newest pair with the
   GPU path forced on logical CPUs (``KERASTOWER_REPLICATE_VARIABLES=1``:
@@ -119,7 +120,8 @@ KERAS2 = {
     "2.21.0": "2.21.0",
 }
 # The test paths that run on Keras 2, in every pair of the matrix, and what
-# CI runs on the oldest pair (`oldest_keras2`, about five minutes).
+# CI runs on the oldest pair (`oldest_keras2`, about five minutes) and on
+# TensorFlow 2.15's (`traced_keras2`).
 KERAS2_SUITES = [
     "tests/test_equivalence.py",
     "tests/properties",
@@ -409,7 +411,21 @@ def matrix_keras2(session: nox.Session, tensorflow: str) -> None:
 @nox.session
 def oldest_keras2(session: nox.Session) -> None:
     """`KERAS2_CI_SUITES` on the oldest Keras 2 pair (not recorded)."""
-    tensorflow = next(iter(KERAS2))
+    _keras2_ci(session, next(iter(KERAS2)))
+
+
+# The oldest TensorFlow whose towers call one traced function
+# (`keeps_functions_apart`); before it, each tower traces a copy.
+TRACED_ONCE_KERAS2 = "2.15.1"
+
+
+@nox.session
+def traced_keras2(session: nox.Session) -> None:
+    """`KERAS2_CI_SUITES` on the oldest Keras 2 pair whose towers trace once."""
+    _keras2_ci(session, TRACED_ONCE_KERAS2)
+
+
+def _keras2_ci(session: nox.Session, tensorflow: str) -> None:
     row = _keras2(session, tensorflow, KERAS2_CI_SUITES)
     if row["outcome"] != "passed":
         session.error(f"Keras {KERAS2[tensorflow]} with TensorFlow {tensorflow} fails")

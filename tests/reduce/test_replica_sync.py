@@ -172,3 +172,66 @@ def test_a_weight_assigned_directly_reaches_every_replica(entry):
     else:
         assert_trains_as_one_device(plain, towered, x, y, batch_size=9, epochs=1)
     assert_replicas_in_sync(towered)
+
+
+class _Copies(keras.callbacks.Callback):
+    """Counts the weight copies to the replicas, epoch by epoch."""
+
+    def __init__(self, replicas):
+        super().__init__()
+        self.copies = []
+        copy_weights = replicas.copy_weights
+
+        def counted(variables):
+            self.copies[-1] += 1
+            copy_weights(variables)
+
+        replicas.copy_weights = counted
+
+    def on_train_begin(self, logs=None):
+        self.copies.append(0)
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.copies.append(0)
+
+
+class _ShiftEachEpoch(keras.callbacks.Callback):
+    def on_epoch_begin(self, epoch, logs=None):
+        bias = self.model.layers[1].bias
+        bias.assign(bias + 0.25)
+
+
+def _epoch_callbacks(kind, tmp_path):
+    if kind == "shifts":
+        return [_ShiftEachEpoch()]
+    if kind == "checkpoints":  # hooks an epoch's beginning, assigns nothing
+        return [keras.callbacks.ModelCheckpoint(str(tmp_path / "m.keras"))]
+    return []
+
+
+@pytest.mark.parametrize(
+    ("kind", "first"), [("none", 0), ("shifts", 1), ("checkpoints", 0)]
+)
+def test_the_first_epoch_copies_the_weights_only_for_a_callback_that_may_assign(
+    kind, first, tmp_path
+):
+    # The sync as fit begins copies them: the first epoch copies them again
+    # only when a callback may assign them as it begins; later epochs always
+    # (an epoch's end may have assigned them).
+    x, y = regression_data(n=24)
+    plain, towered = twin(mlp, 3, replicate_variables=True)
+    compile_both(plain, towered, keras.optimizers.SGD(0.1))
+    copies = _Copies(towered._tower_step.replicas)
+    for model, extra in ((plain, []), (towered, [copies])):
+        model.fit(
+            x,
+            y,
+            batch_size=8,
+            epochs=3,
+            shuffle=False,
+            verbose=0,
+            callbacks=[*_epoch_callbacks(kind, tmp_path), *extra],
+        )
+    assert copies.copies[:3] == [first, 1, 1]
+    assert_same_weights(plain, towered)
+    assert_replicas_in_sync(towered)

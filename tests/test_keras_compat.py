@@ -47,6 +47,18 @@ def test_changed_batch_norm_hook_is_an_error(monkeypatch):
         model.fit(X, Y, batch_size=6, verbose=0)
 
 
+def test_a_loss_scale_that_is_no_longer_a_variable_is_an_error():
+    # A traced tower reads the scale as a value the step read once.
+    model = kerastower.TowerModel.from_model(mlp(), towers=2)
+    optimizer = keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD())
+    model.compile(optimizer=optimizer, loss="mse")
+    model.fit(X, Y, batch_size=6, verbose=0)  # builds the optimizer
+    optimizer.dynamic_scale = 2.0**15  # as if Keras kept it another way
+    model.make_train_function(force=True)
+    with pytest.raises(_keras_compat.KerasCompatibilityError, match="dynamic_scale"):
+        model.fit(X, Y, batch_size=6, verbose=0)
+
+
 def test_the_error_names_the_hook_and_the_versions():
     error = _keras_compat._fail("keras.Model._compute_loss", "is missing")
     text = str(error)

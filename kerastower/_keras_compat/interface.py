@@ -119,6 +119,7 @@ graph_of = _trainer.graph_of
 init_functional = _trainer.init_functional
 inner_layers = _trainer.inner_layers
 loss_metric_weight = _trainer.loss_metric_weight
+loss_scale_variables = _trainer.loss_scale_variables
 loss_scaler = _trainer.loss_scaler
 metrics_made_in_first_step = _trainer.metrics_made_in_first_step
 per_output_loss_metrics = _trainer.per_output_loss_metrics
@@ -179,6 +180,7 @@ __all__ = [
     "learning_rate_slot",
     "loss_divisor",
     "loss_metric_weight",
+    "loss_scale_variables",
     "loss_scaler",
     "metrics_made_in_first_step",
     "optimised_once",

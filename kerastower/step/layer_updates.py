@@ -197,7 +197,8 @@ def tower_reads(
         replica_values: For a tower traced once, the calling tower's value
             of each trainable variable (its replica's, with replicas), by
             ``id`` of the model's variable: read from the traced function's
-            inputs. A variable missing from it is read as it is.
+            inputs, as are the seed states and a loss-scale optimizer's
+            scale. A variable missing from it is read as it is.
     """
     with state.global_seeds.in_tower():
         with _reads(model, variables, state, replicas, tower, replica_values) as read:
@@ -242,6 +243,9 @@ def _reads(model, variables, state, replicas, tower, replica_values) -> Iterator
         pairs += _seed_states(
             state, traced if traced is not None else tower, replica_values or {}
         )
+        if traced is not None:  # read once by the step, as the weights
+            scales = _keras_compat.loss_scale_variables(model)
+            pairs += list(zip(scales, reads(scales)))
         return [(v, family.value_of(value)) for v, value in pairs]
 
     guarded = functools.partial(_guarded_weights, model)

@@ -33,7 +33,8 @@ it makes the model's assignments) is now an input:
   handles (tower 0's are the model's own variables), which the function
   reads on the tower's device; without (Keras 3), the values of the model's
   trainable weights, which the step reads once, on the first tower's
-  device where they live. So are the states of Keras's seed generators.
+  device where they live. So are the states of Keras's seed generators
+  and a `keras.optimizers.LossScaleOptimizer`'s scale, on both paths.
   A function that read them there itself would run in two parts on each
   other tower, one on the first tower's device to read them, with a send
   of each weight's handle and value within every call: the Transformer of
@@ -232,12 +233,17 @@ def run(
         [replicas.replica_variables(i) for i in range(towers)] if replicas else None
     )
     primaries = list(replicated[0]) if replicated else []
-    # Read once by the step, where they live: the seed generators' states
-    # and, without replicas, the weights. Keras 2's layers read the model's
-    # variables themselves (no `keras.StatelessScope` maps their reads).
+    # Read once by the step, where they live: the seed generators' states,
+    # a loss-scale optimizer's scale and, without replicas, the weights.
+    # Keras 2's layers read the model's variables themselves (no
+    # `keras.StatelessScope` maps their reads).
     read = []
     if not _keras_compat.assigns_in_towers():
-        read = ([] if replicated else list(model.trainable_weights)) + body.state.seeds
+        read = [
+            *([] if replicated else model.trainable_weights),
+            *body.state.seeds,
+            *_keras_compat.loss_scale_variables(model),
+        ]
     values = [tf.convert_to_tensor(v) for v in read]
     tokens = [t.handle for t in replicas.tokens] if sums_gradients else []
 

@@ -64,6 +64,15 @@ CASES = {
             keras.optimizers.SGD(WarmUpCosine(0.1, 12, 3))
         ),
     ),
+    # The scale doubles at every step: a tower that scaled its loss by
+    # another scale than the one the update divides by would be off by a
+    # power of 2.
+    "loss_scale_growing": (
+        mlp,
+        lambda model: keras.optimizers.LossScaleOptimizer(
+            keras.optimizers.SGD(0.1), initial_scale=16.0, dynamic_growth_steps=1
+        ),
+    ),
     "non_neg_and_max_norm": (
         lambda: mlp(
             kernel_constraint=keras.constraints.NonNeg(),

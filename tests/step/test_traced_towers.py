@@ -32,7 +32,9 @@ class Counting(keras.layers.Layer):
         return x
 
 
-def counting_model(towers=4, jit_compile=False, **kwargs) -> keras.Model:
+def counting_model(
+    towers=4, jit_compile=False, optimizer="adam", **kwargs
+) -> keras.Model:
     keras.utils.set_random_seed(0)
     inputs = keras.Input((6,))
     h = keras.layers.BatchNormalization()(keras.layers.Dense(8)(inputs))
@@ -41,7 +43,7 @@ def counting_model(towers=4, jit_compile=False, **kwargs) -> keras.Model:
         model = kerastower.TowerModel(inputs, outputs, towers=towers, **kwargs)
     else:
         model = keras.Model(inputs, outputs)
-    model.compile(optimizer="adam", loss="mse", jit_compile=jit_compile)
+    model.compile(optimizer=optimizer, loss="mse", jit_compile=jit_compile)
     return model
 
 
@@ -313,15 +315,21 @@ def test_every_tower_calls_one_function_optimised_once_and_skips_grappler(
         assert op.get_attr("_disable_call_shape_inference")
 
 
+@pytest.mark.parametrize("loss_scale", [False, True])
 @pytest.mark.parametrize("replicate_variables", [False, True])
-def test_the_tower_function_reads_no_weight_off_its_device(replicate_variables):
+def test_the_tower_function_reads_no_weight_off_its_device(
+    replicate_variables, loss_scale
+):
     # A tower function that read the model's weights itself ran in two parts
     # on every tower but the first, one on the first tower's device to read
     # them, each weight sent across within the call: the Transformer's steady
-    # step took 1.18 times the copies design's. The step reads them, and
-    # Keras's seed generators' states, once and passes their values; with
-    # replicas, each tower reads its own replicas.
-    model = counting_model(replicate_variables=replicate_variables)
+    # step took 1.18 times the copies design's. The step reads them, Keras's
+    # seed generators' states and a loss-scale optimizer's scale once and
+    # passes their values; with replicas, each tower reads its own replicas.
+    optimizer = keras.optimizers.Adam()
+    if loss_scale:
+        optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
+    model = counting_model(replicate_variables=replicate_variables, optimizer=optimizer)
     model.train_on_batch(X, Y)
     graph = _step_graph(model)
     towers = [

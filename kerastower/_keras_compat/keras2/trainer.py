@@ -34,6 +34,7 @@ __all__ = [
     "init_functional",
     "inner_layers",
     "loss_metric_weight",
+    "loss_scale_variables",
     "loss_scaler",
     "metrics_made_in_first_step",
     "per_output_loss_metrics",
@@ -154,6 +155,12 @@ def loss_scaler(optimizer):
             f"optimizer={optimizer!r}"
         )
     return _identity
+
+
+def loss_scale_variables(model) -> list:
+    """None: `loss_scaler` scales nothing in Keras 2."""
+    del model
+    return []
 
 
 def _identity(loss):

@@ -28,6 +28,7 @@ __all__ = [
     "init_functional",
     "inner_layers",
     "loss_metric_weight",
+    "loss_scale_variables",
     "loss_scaler",
     "metrics_made_in_first_step",
     "per_output_loss_metrics",
@@ -76,6 +77,26 @@ def loss_scaler(optimizer):
     """What scales the loss before its gradient: ``optimizer.scale_loss``
     (the identity, or a `LossScaleOptimizer`'s scale)."""
     return optimizer.scale_loss
+
+
+def loss_scale_variables(model) -> list:
+    """The variables that `loss_scaler` of `model`'s optimizer reads: a
+    built `keras.optimizers.LossScaleOptimizer`'s scale, or none (also for
+    a model not compiled).
+
+    Raises:
+        KerasCompatibilityError: If the scale is no longer the variable
+            ``dynamic_scale``.
+    """
+    optimizer = getattr(model, "optimizer", None)
+    if not isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
+        return []
+    if not optimizer.built:  # it scales by its initial scale, a number
+        return []
+    scale = getattr(optimizer, "dynamic_scale", None)
+    if not isinstance(scale, keras.Variable):
+        raise _fail("LossScaleOptimizer.dynamic_scale", "is not a variable")
+    return [scale]
 
 
 def forward(model, x, training: bool):

@@ -170,7 +170,7 @@ def tower_reads(
     state: StepState,
     replicas: Any = None,
     tower: int | None = None,
-    replica_values: dict | None = None,
+    given_values: dict | None = None,
 ) -> Iterator[list]:
     """Makes a tower read the state before the towers while open.
 
@@ -194,19 +194,19 @@ def tower_reads(
         replicas: The model's `kerastower.reduce.replicas.Replicas`, or ``None``.
         tower: The tower; defaults to the current replica context's (0
             outside `tf.distribute.Strategy.run`).
-        replica_values: For a tower traced once, the calling tower's value
+        given_values: For a tower traced once, the calling tower's value
             of each trainable variable (its replica's, with replicas), by
             ``id`` of the model's variable: read from the traced function's
             inputs, as are the seed states and a loss-scale optimizer's
             scale. A variable missing from it is read as it is.
     """
     with state.global_seeds.in_tower():
-        with _reads(model, variables, state, replicas, tower, replica_values) as read:
+        with _reads(model, variables, state, replicas, tower, given_values) as read:
             yield read
 
 
 @contextlib.contextmanager
-def _reads(model, variables, state, replicas, tower, replica_values) -> Iterator[list]:
+def _reads(model, variables, state, replicas, tower, given_values) -> Iterator[list]:
     traced = None
     if tower is None:
         context = tf.distribute.get_replica_context()
@@ -218,12 +218,12 @@ def _reads(model, variables, state, replicas, tower, replica_values) -> Iterator
     if tower == 0:
         yield list(variables)
         return
-    if traced is not None and replicas is not None and replica_values is None:
+    if traced is not None and replicas is not None and given_values is None:
         raise RuntimeError("A tower traced once with replicas needs their values.")
 
     def reads(variables):
-        if traced is not None and replica_values is not None:
-            return [replica_values.get(id(v), v) for v in variables]
+        if traced is not None and given_values is not None:
+            return [given_values.get(id(v), v) for v in variables]
         if replicas is None:
             return list(variables)
         return replicas.copies(variables, tower)
@@ -241,7 +241,7 @@ def _reads(model, variables, state, replicas, tower, replica_values) -> Iterator
             if id(v) not in given
         ]
         pairs += _seed_states(
-            state, traced if traced is not None else tower, replica_values or {}
+            state, traced if traced is not None else tower, given_values or {}
         )
         if traced is not None:  # read once by the step, as the weights
             scales = _keras_compat.loss_scale_variables(model)

@@ -64,13 +64,14 @@ class TowerBody:
         self.variables = list(variables)
         self.replicas = replicas
 
-    def __call__(self, shard, weight, losses, replica_values=None):
+    def __call__(self, shard, weight, losses, given_values=None):
         """The tower's result on `shard`, of weight ``n_i / B`` (float64).
 
         `losses` are the `kerastower.step.loss_weighting.TowerLosses` of
-        the tower's context; `replica_values` maps the ``id`` of each
-        replicated variable to the calling tower's value of it, where a
-        tower traced once takes them as inputs.
+        the tower's context; `given_values` maps the ``id`` of a variable
+        to the calling tower's value of it (its replica's, with replicas),
+        where a tower traced once takes them as inputs (see
+        `layer_updates.tower_reads`).
         """
         raise NotImplementedError
 
@@ -78,7 +79,7 @@ class TowerBody:
         """The step's result from the towers' results, in tower order."""
         raise NotImplementedError
 
-    def reads(self, replica_values=None):
+    def reads(self, given_values=None):
         """The tower's reads of the weights (a context yielding the values
         to differentiate; see `layer_updates.tower_reads`)."""
         return layer_updates.tower_reads(
@@ -86,7 +87,7 @@ class TowerBody:
             self.variables,
             self.state,
             self.replicas,
-            replica_values=replica_values,
+            given_values=given_values,
         )
 
     def traced_updates(self) -> list:
@@ -102,8 +103,8 @@ class TowerBody:
 class Prediction(TowerBody):
     """The model's outputs; joined in batch order."""
 
-    def __call__(self, shard, weight, losses, replica_values=None):
-        with self.reads(replica_values):
+    def __call__(self, shard, weight, losses, given_values=None):
+        with self.reads(given_values):
             return _keras_compat.forward(self.model, shard, training=False)
 
     def combine(self, per_tower: list) -> Any:
@@ -122,9 +123,9 @@ class Evaluation(TowerBody):
         super().__init__(model, state, variables, replicas)
         self.loss = loss
 
-    def __call__(self, shard, weight, losses, replica_values=None):
+    def __call__(self, shard, weight, losses, given_values=None):
         x, y, sample_weight = shard
-        with self.reads(replica_values):
+        with self.reads(given_values):
             y_pred = _keras_compat.forward(self.model, x, training=False)
             loss, per_output = self.loss.tower_loss(
                 x, y, y_pred, sample_weight, weight, losses, training=False
@@ -186,9 +187,9 @@ class Gradients(TowerBody):
         self.summed_inside = False
         self._rows_inside: dict[int, bool] = {}
 
-    def __call__(self, shard, weight, losses, replica_values=None):
+    def __call__(self, shard, weight, losses, given_values=None):
         with tf.GradientTape() as tape:
-            with self.reads(replica_values) as read:
+            with self.reads(given_values) as read:
                 # A tower traced once reads its replicas as inputs.
                 tape.watch([r for r in read if isinstance(r, tf.Tensor)])
                 loss, outputs = self.loss_fn(shard)

@@ -166,9 +166,9 @@ class TowerFrame:
         ):
             yield losses
 
-    def call(self, body, shard, weight, losses, replica_values=None) -> Any:
-        """``body(shard, weight, losses, replica_values)``, where a `Mean` of
+    def call(self, body, shard, weight, losses, given_values=None) -> Any:
+        """``body(shard, weight, losses, given_values)``, where a `Mean` of
         a batch scalar (a loss tracked in `compute_loss`) counts the tower
         with its weight, so that the towers count the batch once."""
         with _keras_compat.scalar_means_weighted(weight, self.model):
-            return body(shard, weight, losses, replica_values)
+            return body(shard, weight, losses, given_values)

@@ -272,11 +272,11 @@ def run(
         read_values,
     ):
         collectives = TowerCollectives(group_size, group_key, first_key, timeout)
-        replica_values = {id(v): _read(h, v) for v, h in zip(primaries, handles)}
-        replica_values.update(zip(map(id, read), read_values))
+        given_values = {id(v): _read(h, v) for v, h in zip(primaries, handles)}
+        given_values.update(zip(map(id, read), read_values))
         with _keras_compat.tower_replica_context(strategy, tower, collectives):
             with frame.towers(tower_sizes, collectives.gather) as losses:
-                result = frame.call(body, shard, weight, losses, replica_values)
+                result = frame.call(body, shard, weight, losses, given_values)
         if sums_gradients:
             result = summed(result, runs, token[0])
         return result, body.traced_updates()

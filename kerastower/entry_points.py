@@ -229,7 +229,7 @@ def _may_assign(callback: keras.callbacks.Callback, hooks: tuple[str, ...]) -> b
     """Whether a user's callback has one of `hooks` (``on_epoch_begin``,
     say) of its own, where it may assign the weights: then the replicas
     copy them there, after it, as tower 0 reads them."""
-    if isinstance(callback, _READS_ONLY):
+    if type(callback) in _READS_ONLY:  # a subclass may assign
         return False
     if type(callback).__module__.startswith("kerastower."):
         return False  # kerastower's callbacks assign no weight there

@@ -201,16 +201,27 @@ class _ShiftEachEpoch(keras.callbacks.Callback):
         bias.assign(bias + 0.25)
 
 
+class _ShiftingCheckpoint(keras.callbacks.ModelCheckpoint):
+    def on_epoch_begin(self, epoch, logs=None):
+        super().on_epoch_begin(epoch, logs)
+        bias = self.model.layers[1].bias
+        bias.assign(bias + 0.25)
+
+
 def _epoch_callbacks(kind, tmp_path):
+    path = str(tmp_path / "m.keras")
     if kind == "shifts":
         return [_ShiftEachEpoch()]
     if kind == "checkpoints":  # hooks an epoch's beginning, assigns nothing
-        return [keras.callbacks.ModelCheckpoint(str(tmp_path / "m.keras"))]
+        return [keras.callbacks.ModelCheckpoint(path)]
+    if kind == "shifting_checkpoints":  # a subclass of one that only reads
+        return [_ShiftingCheckpoint(path)]
     return []
 
 
 @pytest.mark.parametrize(
-    ("kind", "first"), [("none", 0), ("shifts", 1), ("checkpoints", 0)]
+    ("kind", "first"),
+    [("none", 0), ("shifts", 1), ("checkpoints", 0), ("shifting_checkpoints", 1)],
 )
 def test_the_first_epoch_copies_the_weights_only_for_a_callback_that_may_assign(
     kind, first, tmp_path

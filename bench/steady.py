@@ -5,9 +5,10 @@ other; on a machine whose 2 cores run 8 logical CPUs, the steady steps of
 one setup moved by 2-3x between its runs, more than the difference it is
 meant to show. Here the two designs of one path train side by side in one
 process: the tower traced once and called on every device (``tower4``,
-the default path; ``replicas4``, with ``replicate_variables=True``)
-against one copy of the tower traced per tower (``copies4``,
-``copies_replicas4``), the design it replaced. Both are built, compiled
+the default path; ``replicas4``, with ``replicate_variables=True``;
+``unsynced4``, the default path with ``sync_batch_norm=False``) against
+one copy of the tower traced per tower (``copies4``, ``copies_replicas4``),
+the design it replaced. Both are built, compiled
 (SGD) and warmed up by one ``fit``; then each of `REPEATS` repeats runs
 one ``fit`` epoch of 11 global batches of 8 examples on each, in turn, and
 takes its median step (`bench.timing.time_epoch`). The ratio is the
@@ -40,7 +41,13 @@ from bench.trace import (
     write_results,
 )
 
-PATHS = {"tower4": {}, "replicas4": {"replicate_variables": True}}
+# ``unsynced4``: the default path with ``sync_batch_norm=False``, both
+# designs: what the synchronised `BatchNormalization` costs each.
+PATHS = {
+    "tower4": {},
+    "replicas4": {"replicate_variables": True},
+    "unsynced4": {"sync_batch_norm": False},
+}
 REPEATS = 7
 
 

@@ -89,6 +89,8 @@ class StepState:
             that may not be one device's (an ordered set).
         seeds: The layers' seed-generator states and Keras's global one's
             (see `_seed_states`).
+        scales: A loss-scale optimizer's scale, or nothing
+            (`kerastower._keras_compat.loss_scale_variables`).
         global_seeds: Keras's global seed generator, for the towers'
             threads (`kerastower._keras_compat.GlobalSeeds`).
         traced: ``(variables, values)`` that a tower traced once assigned,
@@ -100,6 +102,7 @@ class StepState:
     assigned: dict = dataclasses.field(default_factory=dict)
     kept: dict = dataclasses.field(default_factory=dict)
     seeds: list = dataclasses.field(default_factory=list)
+    scales: list = dataclasses.field(default_factory=list)
     traced: list = dataclasses.field(default_factory=list)
     global_seeds: Any = dataclasses.field(default_factory=_keras_compat.GlobalSeeds)
 
@@ -152,6 +155,7 @@ def _states(model, layers, global_seeds) -> Iterator[StepState]:
         [(v, family.value_of(v)) for v in weights],
         [(v, family.value_of(v)) for v in metrics],
         seeds=seeds + global_seeds.variables,
+        scales=_keras_compat.loss_scale_variables(model),
         global_seeds=global_seeds,
     )
     try:
@@ -244,8 +248,7 @@ def _reads(model, variables, state, replicas, tower, given_values) -> Iterator[l
             state, traced if traced is not None else tower, given_values or {}
         )
         if traced is not None:  # read once by the step, as the weights
-            scales = _keras_compat.loss_scale_variables(model)
-            pairs += list(zip(scales, reads(scales)))
+            pairs += list(zip(state.scales, reads(state.scales)))
         return [(v, family.value_of(value)) for v, value in pairs]
 
     guarded = functools.partial(_guarded_weights, model)

@@ -242,7 +242,7 @@ def run(
         read = [
             *([] if replicated else model.trainable_weights),
             *body.state.seeds,
-            *_keras_compat.loss_scale_variables(model),
+            *body.state.scales,
         ]
     values = [tf.convert_to_tensor(v) for v in read]
     tokens = [t.handle for t in replicas.tokens] if sums_gradients else []
